@@ -1,0 +1,1 @@
+"""verl plugin entry point (placeholder while the core lands)."""
