@@ -39,8 +39,9 @@ Numerics: log-ratios are masked to 0 on padding (padding may hold NaN/inf garbag
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -67,13 +68,25 @@ class ClipParams:
 
 @dataclass
 class TokenLoss:
-    """Per-token loss matrix plus the detached quantities the metrics need (all (bs, T))."""
+    """Per-token loss matrix plus the detached quantities the metrics need (tensors are (bs, T)).
+
+    Only `loss` is on the autograd graph. Metric-only quantities (branch codes, KL estimate) are derived lazily, on
+    the valid tokens only, so that a training step pays for them once and cheaply.
+    """
 
     loss: Tensor  # per-token loss, zero on padding
     w: Tensor  # detached importance ratio π_θ/π_old (1 on padding)
-    branch: Tensor  # int8 branch code (see BRANCHES)
-    kl_weight: Tensor  # detached C_KL/w·β: the KL part of the effective advantage A' = A + C/w
-    kl_estimate: Tensor  # detached non-negative estimate of D(π_θ, π_ref) per token
+    log_w: Tensor  # detached log w (0 on padding)
+    positive: Tensor  # bool: the dual-clip branch sign (A ≥ 0, Â ≥ 0 or A' ≥ 0 depending on the family/option)
+    clip: ClipParams
+    log_rho: Tensor | float = 0.0  # detached log ρ = log π_ref/π_old (0.0: iterative reference)
+    rho: Tensor | float = 1.0
+    kl_weight: Optional[Tensor] = None  # detached C/w (β included), when the family computed it
+
+    @property
+    def branch(self) -> Tensor:
+        """int8 branch code per token (see BRANCHES)."""
+        return dual_clip_branch(self.w, self.positive, self.clip)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -81,7 +94,7 @@ class TokenLoss:
 # ---------------------------------------------------------------------------------------------------------------
 def masked_log_ratio(log_p: Tensor, log_q: Tensor, mask: Tensor) -> Tensor:
     """log(p/q) on valid tokens, 0 on padding (so NaN/inf garbage never reaches a gradient), guarded to ±60."""
-    return torch.where(mask, (log_p - log_q).clamp(-LOG_RATIO_GUARD, LOG_RATIO_GUARD), 0.0)
+    return torch.where(mask, log_p - log_q, 0.0).clamp_(-LOG_RATIO_GUARD, LOG_RATIO_GUARD)
 
 
 def reference_ratio(
@@ -96,18 +109,24 @@ def reference_ratio(
 
 def dual_clip_branch(w: Tensor, positive: Tensor, clip: ClipParams) -> Tensor:
     """Branch code of the dual clip for a detached ratio `w` and the branch sign `positive` (bool)."""
-    pos = torch.where(w < 1.0 + clip.eps_high, POS_GRAD, POS_FLAT_HIGH)
+    pos = (w >= 1.0 + clip.eps_high).to(torch.int8)  # POS_GRAD = 0, POS_FLAT_HIGH = 1
     neg = torch.where(w <= 1.0 - clip.eps_low, NEG_FLAT_LOW, torch.where(w < clip.c, NEG_GRAD, NEG_FLAT_C))
-    return torch.where(positive, pos, neg).to(torch.int8)
+    return torch.where(positive, pos, neg.to(torch.int8))
+
+
+def clipped_ratio(w: Tensor, positive: Tensor, clip: ClipParams) -> Tensor:
+    """The ratio each dual-clip branch multiplies the advantage with: min(w, 1+ε2) for the positive branch,
+    clip(w, 1−ε1, c) for the negative one (flat branches: the bound; gradient branches: w)."""
+    return torch.where(positive, w.clamp(max=1.0 + clip.eps_high), w.clamp(1.0 - clip.eps_low, clip.c))
 
 
 def dual_clip_pg_loss(w: Tensor, adv: Tensor, clip: ClipParams) -> Tensor:
     """Dual-clip PPO per token (paper §3.3, App. G.1; Ye et al. 2020), `adv` may carry a gradient.
 
-    L_clip = max(−w·Â, −clip(w, 1−ε1, 1+ε2)·Â);  L = L_clip if Â ≥ 0 else min(L_clip, −c·Â).
+    L_clip = max(−w·Â, −clip(w, 1−ε1, 1+ε2)·Â);  L = L_clip if Â ≥ 0 else min(L_clip, −c·Â),
+    computed as the identical `−Â·min(w, 1+ε2)` (Â ≥ 0) / `−Â·clip(w, 1−ε1, c)` (Â < 0).
     """
-    l_clip = torch.maximum(-adv * w, -adv * w.clamp(1.0 - clip.eps_low, 1.0 + clip.eps_high))
-    return torch.where(adv < 0, torch.minimum(l_clip, -clip.c * adv), l_clip)
+    return -adv * clipped_ratio(w, adv >= 0, clip)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -131,7 +150,7 @@ def rpg_fully_differentiable(
     inside_clip: L = L_dualclip(w, Â),  Â = A − β·D̂(w, ρ)/w   (gradient flows through w and Â)
 
     `kl_clamp` (authors' code: 10, all divergences but FKL) clamps D̂; None = paper.
-    Shapes: all inputs (bs, T); `response_mask` bool.
+    Shapes: all inputs (bs, T); `response_mask` bool. Every term is exactly 0 on padding (w = 1, A = 0, ρ = 1).
     """
     mask = response_mask.bool()
     log_w = masked_log_ratio(log_prob, old_log_prob.detach(), mask)
@@ -142,20 +161,15 @@ def rpg_fully_differentiable(
     if kl_clamp is not None and div.reference_clamps:
         surrogate = surrogate.clamp(-kl_clamp, kl_clamp)
     if kl_placement == "additive":
-        loss = dual_clip_pg_loss(w, adv, clip) + beta * surrogate
-        branch_sign = adv >= 0
+        positive = adv >= 0
+        loss = torch.addcmul(beta * surrogate, adv, clipped_ratio(w, positive, clip), value=-1.0)
     elif kl_placement == "inside_clip":
         adv_hat = adv - beta * surrogate / w
-        loss = dual_clip_pg_loss(w, adv_hat, clip)
-        branch_sign = adv_hat.detach() >= 0
+        positive = adv_hat.detach() >= 0
+        loss = -adv_hat * clipped_ratio(w, positive, clip)
     else:
         raise ValueError(f"kl_placement={kl_placement!r}; choose 'additive' or 'inside_clip'")
-    with torch.no_grad():
-        w_d, log_w_d = w.detach(), log_w.detach()
-        kl_weight = beta * div.kl_component(log_w_d, w_d, log_rho, rho) / w_d
-        kl_estimate = div.estimate(log_w_d, w_d, log_rho, rho)
-        branch = dual_clip_branch(w_d, branch_sign, clip)
-    return TokenLoss(torch.where(mask, loss, 0.0), w_d, branch, kl_weight, kl_estimate)
+    return TokenLoss(loss, w.detach(), log_w.detach(), positive, clip, log_rho, rho)
 
 
 def rpg_reinforce(
@@ -185,8 +199,9 @@ def rpg_reinforce(
         log_rho, rho = reference_ratio(old_log_prob, ref_log_prob, mask)
         adv = torch.where(mask, advantages, 0.0)
         w_bar = w.clamp(1.0 - clip.eps_low, 1.0 + clip.eps_high)
-        if kl_ratio == "clipped":
-            kl_c = beta * div.kl_component(torch.log(w_bar), w_bar, log_rho, rho)
+        if kl_ratio == "clipped":  # log w̄ = clip(log w) (log is monotonic)
+            log_w_bar = log_w.clamp(math.log(1.0 - clip.eps_low), math.log(1.0 + clip.eps_high))
+            kl_c = beta * div.kl_component(log_w_bar, w_bar, log_rho, rho)
         elif kl_ratio == "raw":
             kl_c = beta * div.kl_component(log_w, w, log_rho, rho)
         else:
@@ -198,54 +213,72 @@ def rpg_reinforce(
             positive = adv > 0
         else:
             raise ValueError(f"branch_on={branch_on!r}; choose 'effective_advantage' or 'advantage'")
-        branch = dual_clip_branch(w, positive, clip)
         if hard_clip:
-            weight = w_bar * adv + kl_c
-            has_grad = mask
+            weight = torch.addcmul(kl_c, w_bar, adv)
+            has_grad = None
         else:
-            ratio_used = (
-                w.masked_fill(branch == POS_FLAT_HIGH, 1.0 + clip.eps_high)
-                .masked_fill(branch == NEG_FLAT_LOW, 1.0 - clip.eps_low)
-                .masked_fill(branch == NEG_FLAT_C, clip.c)
-            )
-            weight = torch.where(mask, ratio_used * adv + kl_c, 0.0)
-            has_grad = mask & ((branch == POS_GRAD) | (branch == NEG_GRAD))
-        kl_estimate = div.estimate(log_w, w, log_rho, rho)
+            weight = torch.addcmul(kl_c, clipped_ratio(w, positive, clip), adv)
+            upper = torch.where(positive, w.new_tensor(1.0 + clip.eps_high), w.new_tensor(clip.c))
+            has_grad = (w < upper) & (positive | (w > 1.0 - clip.eps_low))
     nll = torch.where(mask, -log_prob, 0.0)
-    loss = weight * torch.where(has_grad, nll, nll.detach())
-    return TokenLoss(loss, w, branch, kl_weight, kl_estimate)
+    if has_grad is not None:
+        nll = torch.where(has_grad, nll, nll.detach())
+    loss = weight * nll
+    return TokenLoss(loss, w, log_w, positive, clip, log_rho, rho, kl_weight)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # verl wiring: registered functions with verl 0.9.1's PolicyLossFn signature
 # ---------------------------------------------------------------------------------------------------------------
-def _metrics(out: TokenLoss, advantages: Tensor, mask: Tensor, family: str) -> dict[str, float]:
-    """Dashboard metrics (one pass, one host sync): KL estimate, branch fractions, |C/w| vs |A|, ratio stats.
+def _metrics(out: TokenLoss, advantages: Tensor, mask: Tensor, div: Divergence, beta: float) -> dict[str, float]:
+    """Dashboard metrics, computed on the valid tokens only with one host sync.
 
-    Also emits verl's standard `actor/pg_clipfrac`, `actor/pg_clipfrac_lower` and `actor/ppo_kl` so existing
-    dashboards keep working: clipfrac = tokens in a flat branch other than the c bound; clipfrac_lower = tokens at
-    the dual-clip bound c.
+    actor/rpg/kl            mean per-token estimate of D(π_θ, π_ref) (k3-type, ≥ 0; see rpg.divergences)
+    actor/rpg/frac_<branch> fraction of tokens in each dual-clip branch (BRANCHES)
+    actor/rpg/kl_adv_abs    mean |C/w|: the KL part of the effective advantage A' = A + C/w (both families:
+                            the fully differentiable KL term has gradient weight C_KL(w) per token)
+    actor/rpg/kl_adv_rel    mean |C/w| / mean |A|
+    actor/rpg/ratio_{mean,max,min}
+    and verl's standard actor/ppo_kl, actor/pg_clipfrac (flat branches at 1±ε), actor/pg_clipfrac_lower (at c).
     """
     with torch.no_grad():
-        m = mask.bool()
-        n = m.sum().clamp_min(1)
-        codes = torch.bincount(out.branch[m].long(), minlength=len(BRANCHES)).float() / n
-        w = out.w
-        log_w = torch.log(w)
-        adv_abs = torch.where(m, advantages.abs(), 0.0).sum() / n
-        kl_abs = torch.where(m, out.kl_weight.abs(), 0.0).sum() / n
+        idx = mask.reshape(-1).nonzero().squeeze(1)  # valid tokens, found once
+        n = idx.numel()
+        if n == 0:
+            return {}
+
+        def valid(x: Tensor | float) -> Tensor | float:
+            return x.reshape(-1).index_select(0, idx) if isinstance(x, Tensor) else x
+
+        w, log_w, pos = valid(out.w), valid(out.log_w), valid(out.positive)
+        log_rho, rho = valid(out.log_rho), valid(out.rho)
+        if out.kl_weight is not None:
+            kl_weight = valid(out.kl_weight)
+        else:
+            kl_weight = div.kl_component(log_w, w, log_rho, rho).div_(w).mul_(beta)
+        clip = out.clip
+        n_pos = pos.sum()
+        pos_flat = (pos & (w >= 1.0 + clip.eps_high)).sum()
+        neg_low = (~pos & (w <= 1.0 - clip.eps_low)).sum()
+        neg_c = (~pos & (w >= clip.c)).sum()
+        kl_abs = kl_weight.abs().mean()
         stats = torch.stack(
             [
-                torch.where(m, out.kl_estimate, 0.0).sum() / n,
+                (n_pos - pos_flat).to(w.dtype) / n,
+                pos_flat.to(w.dtype) / n,
+                neg_low.to(w.dtype) / n,
+                (n - n_pos - neg_low - neg_c).to(w.dtype) / n,
+                neg_c.to(w.dtype) / n,
+                div.estimate(log_w, w, log_rho, rho).mean(),
                 kl_abs,
-                kl_abs / adv_abs.clamp_min(1e-12),
-                torch.where(m, w, 0.0).sum() / n,
-                torch.where(m, w, -torch.inf).max() if m.any() else w.new_tensor(1.0),
-                torch.where(m, w, torch.inf).min() if m.any() else w.new_tensor(1.0),
-                torch.where(m, -log_w, 0.0).sum() / n,
+                kl_abs / valid(advantages).abs().mean().clamp_min(1e-12),
+                w.mean(),
+                w.max(),
+                w.min(),
+                -log_w.mean(),
             ]
         )
-        values = torch.cat([codes, stats]).tolist()
+        values = stats.tolist()
     b = dict(zip(BRANCHES, values[: len(BRANCHES)]))
     kl, kl_abs_v, kl_rel, r_mean, r_max, r_min, ppo_kl = values[len(BRANCHES) :]
     metrics = {f"actor/rpg/frac_{k}": v for k, v in b.items()}
@@ -279,9 +312,6 @@ def _ref_log_prob(settings: RPGPolicyLossConfig, requires_reference: bool, loss_
             "actor_rollout_ref.actor.kl_loss_coef=0 (verl then builds the reference model and adds no KL of its own)."
         )
     return ref
-
-
-LossBuilder = Callable[..., TokenLoss]
 
 
 def make_policy_loss(loss_name: str, family: str, div: Divergence, requires_reference: bool = False):
@@ -330,7 +360,7 @@ def make_policy_loss(loss_name: str, family: str, div: Divergence, requires_refe
             loss_mat = loss_mat * torch.where(response_mask.bool(), rollout_is_weights, 0.0)
         batch_info = config.get("global_batch_info", None) or {}
         loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
-        return loss, _metrics(out, advantages, response_mask, family)
+        return loss, _metrics(out, advantages, response_mask, div, settings.kl_coef)
 
     policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{loss_name}"
     policy_loss.__doc__ = f"verl policy loss `{loss_name}` ({family} family, {div.paper_name}: {div.objective})."
