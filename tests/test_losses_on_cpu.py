@@ -315,3 +315,31 @@ def test_through_verls_ppo_loss(name):
     assert torch.allclose(loss, direct, atol=1e-6)
     assert torch.allclose(to_flat(g_direct.float(), attn, 4), g_flat, atol=1e-6)
     assert {"actor/pg_loss", "actor/rpg/kl", "actor/rpg/frac_pos_grad"} <= set(metrics)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# non-iterative references reach the loss through rpg.reference.current_ref_log_prob
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["rpg_ufkl", "rpg_reinforce_rkl", "grpo_wk3"])
+def test_frozen_reference_uses_the_shipped_ref_log_prob(name, monkeypatch):
+    import rpg.reference
+
+    old, log_prob, adv, mask = random_batch(12)
+    ref = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1), dtype=old.dtype)
+    monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: ref)
+    cfg = actor_config(name, kl_coef=0.1, reference="frozen")
+    loss, grad, metrics = _registered(name, old, log_prob, adv, mask, cfg)
+    family, div, _ = L.loss_table()[name]
+    lp = log_prob.detach().clone().requires_grad_(True)
+    if family == "fd":
+        mat = L.rpg_fully_differentiable(lp, old, adv, mask, div, 0.1, CLIP, ref_log_prob=ref).loss
+    else:
+        mat = L.rpg_reinforce(lp, old, adv, mask, div, 0.1, CLIP, ref_log_prob=ref).loss
+    expected = agg_loss(mat, mask, "token-mean")
+    assert torch.allclose(loss, expected) and torch.allclose(grad, torch.autograd.grad(expected, lp)[0])
+    iterative, _, _ = _registered(name.replace("grpo_wk3", "rpg_urkl"), old, log_prob, adv, mask,
+                                  actor_config(name.replace("grpo_wk3", "rpg_urkl"), kl_coef=0.1))  # fmt: skip
+    assert not torch.allclose(loss, iterative)  # ρ ≠ 1 really changes the loss
+    monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: None)
+    with pytest.raises(ValueError, match="use_kl_loss=True"):
+        _registered(name, old, log_prob, adv, mask, cfg)

@@ -1,0 +1,98 @@
+"""The reference's per-response score (SPEC §7.4 step 2), built from verl 0.9.1's own scorers.
+
+Use it as verl's custom score function together with verl's ``dapo`` reward manager (which adds the
+overlong penalty, SPEC §7.4 step 3, and places the reward on the last valid token, step 4)::
+
+    reward.reward_manager.name=dapo
+    reward.custom_reward_function.path=pkg://rpg.data.reward
+    reward.custom_reward_function.name=compute_score
+
+Why verl's ``default_compute_score`` alone is not enough (checked in verl 0.9.1,
+``verl/utils/reward_score/__init__.py``; pinned by ``tests/data/test_reward_semantics_on_cpu.py``):
+
+1. ``amc_23`` (and any ``amc*`` source) raises ``NotImplementedError``; the reference routes ``amc*``
+   to ``math_dapo``.
+2. ``minerva-math`` and ``olympiadbench`` raise ``NotImplementedError``; the reference scores them with
+   Math-Verify as +1/-1 with a boolean ``acc``. verl's Math-Verify helper returns a bare 1.0/0.0 float,
+   which the DAPO manager would turn into ``acc=score`` with no ``pred`` key -- and the reward loop takes
+   the extra-info keys of the *first* sample of a batch, so a batch mixing ``math_dapo`` and Math-Verify
+   sources would fail. Here every source returns the same keys ``score, acc, pred``.
+3. verl 0.9.1's ``math_dapo.compute_score`` falls back to the last ``\\boxed{}`` when the response has no
+   ``Answer:`` line. The reference extracts only the last ``Answer: ...`` line (Minerva criterion) from
+   the last 300 characters; a response with only ``\\boxed{..}`` scores -1 there (SPEC §12.2). The
+   ``math_dapo`` scorer below therefore calls verl's ``is_correct_minerva`` directly.
+
+Every other ``data_source`` is delegated unchanged to verl's ``default_compute_score``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+#: Characters of the response tail the reference's math_dapo scorer looks at (SPEC §7.4).
+MATH_DAPO_TAIL_CHARS = 300
+
+#: ``data_source`` values the reference scores with math_dapo: exact names and name prefixes (SPEC §7.4).
+MATH_DAPO_SOURCES = frozenset({"math_dapo"})
+MATH_DAPO_PREFIXES = ("aime", "amc")
+
+#: ``data_source`` values the reference scores with Math-Verify (SPEC §7.4).
+MATH_VERIFY_SOURCES = frozenset(
+    {"lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "math_500", "minerva-math", "olympiadbench"}
+)
+
+ScoreDict = dict[str, Any]
+
+
+def math_dapo_score(solution_str: str, ground_truth: str) -> ScoreDict:
+    """Reference math_dapo scoring (SPEC §7.4): last ``Answer: ...`` line in the last 300 characters,
+    Minerva normalisation of prediction and ground truth, exact string match.
+
+    Returns ``{"score": +1.0 | -1.0, "acc": bool, "pred": normalised prediction or "[INVALID]"}``.
+    """
+    from verl.utils.reward_score.math_dapo import is_correct_minerva
+
+    correct, pred = is_correct_minerva(solution_str[-MATH_DAPO_TAIL_CHARS:], ground_truth)
+    return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred}
+
+
+def math_verify_score(solution_str: str, ground_truth: str) -> ScoreDict:
+    """Reference Math-Verify scoring (SPEC §7.4): gold wrapped as ``\\boxed{gt}``, verified by Math-Verify
+    (verl's ``math_verify.compute_score``, which runs it in a subprocess pool with a timeout; a timeout
+    counts as wrong). Score is +1/-1, ``acc`` the boolean verdict.
+
+    ``pred`` is the content of the response's last ``\\boxed{}`` (or ``"[INVALID]"``): only a voting key
+    for verl's ``maj@k`` metric; correctness does not depend on it.
+    """
+    from verl.utils.reward_score import math_verify
+    from verl.utils.reward_score.math_dapo import last_boxed_only_string, remove_boxed
+
+    correct = math_verify.compute_score(solution_str, ground_truth) > 0
+    boxed = last_boxed_only_string(solution_str)
+    pred = remove_boxed(boxed) if boxed is not None else "[INVALID]"
+    return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred}
+
+
+def scorer_for(data_source: str) -> Callable[[str, str], ScoreDict] | None:
+    """The reference scorer for ``data_source``, or ``None`` if verl's default routing applies."""
+    if data_source in MATH_DAPO_SOURCES or data_source.startswith(MATH_DAPO_PREFIXES):
+        return math_dapo_score
+    if data_source in MATH_VERIFY_SOURCES:
+        return math_verify_score
+    return None
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs: Any):
+    """verl custom-reward-function signature (``reward.custom_reward_function``).
+
+    Routes ``data_source`` as the reference does (SPEC §7.4); unknown sources go to verl's
+    ``default_compute_score`` (which raises ``NotImplementedError`` naming the source if verl cannot
+    score it either).
+    """
+    scorer = scorer_for(data_source)
+    if scorer is None:
+        from verl.utils.reward_score import default_compute_score
+
+        return default_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+    return scorer(solution_str, ground_truth)

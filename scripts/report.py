@@ -1,0 +1,454 @@
+#!/usr/bin/env python
+"""Last/Best table and training curves (paper Tables 3-8, Figs. 4-6) from verl run logs.
+
+Usage::
+
+    python scripts/report.py RUN [RUN ...] --out DIR [--metric-prefix val-core] [--k auto|K]
+
+Each RUN is ``PATH`` or ``NAME=PATH`` (the name labels the run; default: the wandb run name, else the
+file stem). Supported inputs (verl 0.9.1, ``trainer.logger=[...]``):
+
+* ``console`` logger output (a saved stdout/stderr, ``.log``/``.out``/``.txt`` or any other text file):
+  lines ``step:N - key:value - ...`` written by ``verl.utils.logger.LocalLogger``; Ray's ``(pid=..)``
+  prefixes and numpy reprs such as ``np.float64(0.5)`` are handled;
+* ``file`` logger output (``.jsonl``): one ``{"step": N, "data": {...}}`` object per line, written by
+  ``verl.utils.tracking.FileLogger`` to ``$VERL_FILE_LOGGER_PATH`` or
+  ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`` (default root ``.``);
+* ``wandb`` run directories, offline or synced (``wandb/offline-run-*/run-<id>.wandb``): the ``.wandb``
+  transaction log is read directly (LevelDB-log framing + the wandb SDK's ``Record`` protobuf; no
+  network, no ``wandb sync``). ``files/wandb-summary.json`` is not used (it holds only final values).
+
+A directory RUN is searched recursively: every ``.wandb`` file in it is one run; if there is none,
+every ``.jsonl`` file; if none, every ``.log``/``.out``/``.txt`` file.
+
+Outputs in ``--out`` (written atomically):
+
+* ``table.md`` / ``table.csv``: per run and data source, ``Last`` (value at the last evaluated step),
+  ``Best`` (maximum over evaluations) and the step of the Best (earliest on ties) of
+  ``<metric-prefix>/<source>/acc/mean@<k>``. ``--k auto`` takes the largest k present per source: with
+  the k-times repeated eval files of ``prepare_data.py`` verl 0.9.1 names the metric ``mean@1`` (its
+  value is the mean@k of the paper, SPEC §7.6); with ``val_kwargs.n=k`` it is ``mean@k``.
+* ``curves.png``: one panel per data source (accuracy), then reward (``critic/score/mean``, falling back
+  to ``critic/rewards/mean``), entropy (``actor/entropy``) and response length
+  (``response_length/mean``) against step, one line per run; 4 panels per row, 400x300 px each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import re
+import struct
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ACC_RE = re.compile(r"^(?P<prefix>.+)/(?P<source>[^/]+)/acc/mean@(?P<k>\d+)$")
+REWARD_METRICS = ("critic/score/mean", "critic/rewards/mean")
+TRAIN_PANELS = (
+    ("reward", REWARD_METRICS),
+    ("entropy", ("actor/entropy",)),
+    ("response length", ("response_length/mean",)),
+)
+PANEL_PX = (400, 300)
+PANELS_PER_ROW = 4
+DPI = 100
+
+
+class ReportError(ValueError):
+    """Bad input: names the path and what is wrong."""
+
+
+@dataclass
+class Run:
+    """One run: ``history[step][metric] = value`` (later records for the same step/metric win)."""
+
+    name: str
+    source: str
+    history: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def add(self, step: int, metrics: dict[str, object]) -> None:
+        row = self.history.setdefault(int(step), {})
+        for key, value in metrics.items():
+            number = _number(value)
+            if number is not None:
+                row[key] = number
+
+    def series(self, metric: str) -> list[tuple[int, float]]:
+        """``[(step, value)]`` sorted by step, NaNs dropped."""
+        return [(s, m[metric]) for s, m in sorted(self.history.items()) if metric in m and not math.isnan(m[metric])]
+
+    def metrics(self) -> set[str]:
+        return {k for m in self.history.values() for k in m}
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+# ----------------------------------------------------------------------------------------- readers
+
+_STEP_RE = re.compile(r"(?:^|[\s)])step:(\d+)((?: - [^\s:][^:]*:[^ ]+)*)")
+_NP_RE = re.compile(r"^np\.\w+\((.*)\)$")
+
+
+def _console_value(text: str) -> float | None:
+    text = text.strip()
+    match = _NP_RE.match(text)
+    if match:
+        text = match.group(1)
+    text = {"np.True_": "1", "np.False_": "0", "True": "1", "False": "0"}.get(text, text)
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def read_console(path: Path) -> Iterator[tuple[int, dict[str, float]]]:
+    """``(step, metrics)`` from ``LocalLogger`` lines ``step:N - key:value - key:value``."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for raw in f:
+            for line in raw.split("\r"):  # progress bars share lines with \r
+                match = _STEP_RE.search(line)
+                if not match:
+                    continue
+                metrics = {}
+                for item in match.group(2).split(" - ")[1:]:
+                    key, _, value = item.rpartition(":")
+                    number = _console_value(value)
+                    if key and number is not None:
+                        metrics[key] = number
+                if metrics:
+                    yield int(match.group(1)), metrics
+
+
+def read_file_logger(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
+    """``(step, metrics)`` from verl's ``FileLogger`` JSONL (``{"step": N, "data": {...}}`` per line)."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                step, data = record["step"], record["data"]
+            except json.JSONDecodeError:
+                if not line.endswith("\n"):  # last line of a run still being written
+                    return
+                raise ReportError(f"{path}: line {lineno}: not valid JSON") from None
+            except (KeyError, TypeError):
+                raise ReportError(f"{path}: line {lineno}: not a verl file-logger record {{'step', 'data'}}") from None
+            yield int(step), data
+
+
+_WANDB_HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
+_BLOCK = 32 * 1024
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def _wandb_records(path: Path) -> Iterator[bytes]:
+    """Payloads of a ``.wandb`` transaction log: a 7-byte header, then LevelDB-log records
+    (``crc32c:u32 length:u16 type:u8 data``) in 32 KiB blocks, large records split FIRST/MIDDLE/LAST."""
+    data = path.read_bytes()
+    if not data.startswith(_WANDB_HEADER):
+        raise ReportError(f"{path}: not a wandb transaction log (bad header {data[:7]!r})")
+    pos, pending = len(_WANDB_HEADER), b""
+    while pos + 7 <= len(data):
+        room = _BLOCK - pos % _BLOCK
+        if room < 7:  # block trailer padding
+            pos += room
+            continue
+        _crc, length, kind = struct.unpack_from("<IHB", data, pos)
+        if kind == 0 and length == 0:  # zero padding (preallocated / truncated tail)
+            pos += room
+            continue
+        chunk = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == _FULL:
+            yield chunk
+        elif kind == _FIRST:
+            pending = chunk
+        elif kind == _MIDDLE:
+            pending += chunk
+        elif kind == _LAST:
+            yield pending + chunk
+            pending = b""
+
+
+def read_wandb(path: Path) -> tuple[str | None, list[tuple[int, dict[str, object]]]]:
+    """``(run name, [(step, metrics)])`` from a wandb ``run-<id>.wandb`` file (history records)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    name, rows = None, []
+    for payload in _wandb_records(path):
+        record = pb.Record()
+        record.ParseFromString(payload)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            name = record.run.display_name or record.run.run_id or name
+        elif kind == "history":
+            metrics = {}
+            for item in record.history.item:
+                key = item.key or ".".join(item.nested_key)
+                try:
+                    metrics[key] = json.loads(item.value_json)
+                except json.JSONDecodeError:
+                    continue
+            step = metrics.pop("_step", record.history.step.num)
+            rows.append((int(step), {k: v for k, v in metrics.items() if not k.startswith("_")}))
+    return name, rows
+
+
+def _run_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise ReportError(f"{path}: no such file or directory")
+    for patterns in (("*.wandb",), ("*.jsonl",), ("*.log", "*.out", "*.txt")):
+        files = sorted({p.resolve() for pattern in patterns for p in path.rglob(pattern) if p.is_file()})
+        if files:
+            return files
+    raise ReportError(f"{path}: no .wandb, .jsonl, .log, .out or .txt file inside")
+
+
+def load_runs(specs: Iterable[str]) -> list[Run]:
+    """Runs from ``PATH`` / ``NAME=PATH`` arguments (see module docstring)."""
+    runs = []
+    for spec in specs:
+        name, sep, path_text = spec.partition("=")
+        if not sep or not name or os.path.exists(spec):
+            name, path_text = None, spec
+        files = _run_files(Path(path_text))
+        for file in files:
+            if file.suffix == ".wandb":
+                wandb_name, records = read_wandb(file)
+                default_name = wandb_name or file.parent.name
+            elif file.suffix == ".jsonl":
+                records, default_name = read_file_logger(file), file.stem
+            else:
+                records, default_name = read_console(file), file.stem
+            run_name = name if name and len(files) == 1 else (f"{name}/{default_name}" if name else default_name)
+            run = Run(run_name, str(file))
+            for step, metrics in records:
+                run.add(step, metrics)
+            if not run.history:
+                raise ReportError(f"{file}: no metric records found")
+            runs.append(run)
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise ReportError(f"duplicate run names {sorted({n for n in names if names.count(n) > 1})}; use NAME=PATH")
+    return runs
+
+
+# ----------------------------------------------------------------------------------------- table
+
+
+@dataclass(frozen=True)
+class Cell:
+    metric: str
+    last: float
+    last_step: int
+    best: float
+    best_step: int
+
+
+def accuracy_metrics(run: Run, prefix: str, k: int | None) -> dict[str, str]:
+    """``{source: metric name}`` of the run's ``<prefix>/<source>/acc/mean@<k>`` (largest k if ``k`` is None)."""
+    chosen: dict[str, tuple[int, str]] = {}
+    for metric in run.metrics():
+        match = ACC_RE.match(metric)
+        if not match or match["prefix"] != prefix:
+            continue
+        mk = int(match["k"])
+        if (k is None and mk > chosen.get(match["source"], (-1, ""))[0]) or mk == k:
+            chosen[match["source"]] = (mk, metric)
+    return {source: metric for source, (_, metric) in chosen.items()}
+
+
+def last_best(series: Sequence[tuple[int, float]], metric: str) -> Cell:
+    """Last = value at the last step; Best = maximum, at its earliest step (SPEC §7.6)."""
+    last_step, last = series[-1]
+    best_step, best = max(series, key=lambda sv: (sv[1], -sv[0]))
+    return Cell(metric, last, last_step, best, best_step)
+
+
+def build_table(
+    runs: Sequence[Run], prefix: str = "val-core", k: int | None = None
+) -> tuple[list[str], dict[str, dict[str, Cell]]]:
+    """``(sources, {run name: {source: Cell}})``; sources sorted by name."""
+    table, sources = {}, set()
+    for run in runs:
+        cells = {}
+        for source, metric in accuracy_metrics(run, prefix, k).items():
+            series = run.series(metric)
+            if series:
+                cells[source] = last_best(series, metric)
+        table[run.name] = cells
+        sources |= set(cells)
+    return sorted(sources), table
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4f}"
+
+
+def table_markdown(sources: Sequence[str], table: dict[str, dict[str, Cell]]) -> str:
+    header = ["Run"] + [f"{s} {col}" for s in sources for col in ("Last", "Best")]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run, cells in table.items():
+        row = [run]
+        for source in sources:
+            cell = cells.get(source)
+            if cell is None:
+                row += ["–", "–"]
+            else:
+                row += [f"{_fmt(cell.last)} (step {cell.last_step})", f"{_fmt(cell.best)} (step {cell.best_step})"]
+        lines.append("| " + " | ".join(row) + " |")
+    metrics = sorted({c.metric for cells in table.values() for c in cells.values()})
+    lines += ["", "Metrics: " + (", ".join(f"`{m}`" for m in metrics) if metrics else "none found") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def table_csv(sources: Sequence[str], table: dict[str, dict[str, Cell]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["run", "source", "metric", "last", "last_step", "best", "best_step"])
+    for run, cells in table.items():
+        for source in sources:
+            if source in cells:
+                c = cells[source]
+                writer.writerow([run, source, c.metric, repr(c.last), c.last_step, repr(c.best), c.best_step])
+    return buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------------------- figure
+
+
+def figure_png(runs: Sequence[Run], sources: Sequence[str], prefix: str = "val-core", k: int | None = None) -> bytes:
+    """PNG bytes: accuracy per source, then reward, entropy, response length vs step; one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: list[tuple[str, list[tuple[str, list[tuple[int, float]]]]]] = []
+    for source in sources:
+        lines, used = [], set()
+        for run in runs:
+            metric = accuracy_metrics(run, prefix, k).get(source)
+            lines.append((run.name, run.series(metric) if metric else []))
+            used |= {metric.rsplit("/", 1)[1]} if metric else set()
+        panels.append((f"{source} acc/{', '.join(sorted(used))}", lines))
+    for title, candidates in TRAIN_PANELS:
+        lines = []
+        for run in runs:
+            present = run.metrics()
+            metric = next((m for m in candidates if m in present), None)
+            lines.append((run.name, run.series(metric) if metric else []))
+        panels.append((title, lines))
+
+    ncols = min(PANELS_PER_ROW, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    figsize = (PANEL_PX[0] * ncols / DPI, PANEL_PX[1] * nrows / DPI)
+    fig, axes = plt.subplots(nrows, ncols, figsize=figsize, dpi=DPI, squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (title, lines) in zip(axes.flat, panels):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        drawn = False
+        for name, series in lines:
+            if series:
+                steps, values = zip(*series)
+                ax.plot(steps, values, marker="." if len(series) < 30 else None, label=name, linewidth=1.2)
+                drawn = True
+        if drawn:
+            ax.legend(fontsize=6)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------------------- output
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write via a temp file in the same directory and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def report(
+    run_specs: Sequence[str], out: str | os.PathLike, prefix: str = "val-core", k: int | None = None
+) -> dict[str, Path]:
+    """Read runs, write ``table.md``, ``table.csv``, ``curves.png`` into ``out``; returns the paths."""
+    runs = load_runs(run_specs)
+    sources, table = build_table(runs, prefix, k)
+    out = Path(out)
+    paths = {"table.md": out / "table.md", "table.csv": out / "table.csv", "curves.png": out / "curves.png"}
+    write_atomic(paths["table.md"], table_markdown(sources, table))
+    write_atomic(paths["table.csv"], table_csv(sources, table))
+    write_atomic(paths["curves.png"], figure_png(runs, sources, prefix, k))
+    return paths
+
+
+def _k(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--k must be 'auto' or a positive integer, got {text!r}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN", help="[NAME=]PATH of a console log, file-logger .jsonl or wandb run dir"
+    )
+    parser.add_argument("--out", required=True, help="output directory for table.md, table.csv, curves.png")
+    parser.add_argument("--metric-prefix", default="val-core", help="validation metric section (default val-core)")
+    parser.add_argument(
+        "--k", type=_k, default=None, metavar="auto|K", help="mean@K to report (default auto: largest present)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        paths = report(args.runs, args.out, args.metric_prefix, args.k)
+    except ReportError as e:
+        print(f"report: error: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(paths["table.md"].read_text(encoding="utf-8"))
+    print("report: wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
