@@ -54,9 +54,12 @@ class RPGPolicyLossConfig(PolicyLossConfig):
             KL to the reference exceeds `ref_refresh_kl`). Non-iterative modes use the ρ-weighted surrogates of
             SPEC §6.2 (ρ = π_ref/π_old) and need `actor.use_kl_loss=True` with `kl_loss_coef=0` so that verl
             builds the reference model and ships `ref_log_prob`.
-        ref_refresh_steps: K of the periodic reference (0 = never on a step count).
+        ref_refresh_steps: K of the periodic reference, in optimizer steps (0 = never on a step count). verl
+            computes ref_log_prob once per training step, so a refresh happens at the end of the first training
+            step with ≥ K optimizer steps since the last one (rpg.reference).
         ref_refresh_kl: κ of the periodic reference (0 = never on a KL threshold).
-        ref_kl_ema: decay of the exponential moving average of the token KL used against κ.
+        ref_kl_ema: decay per training step of the moving average of the token KL compared with κ; the average
+            restarts at each refresh.
     """
 
     kl_coef: float = 1e-4

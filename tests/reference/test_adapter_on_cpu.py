@@ -1,0 +1,162 @@
+"""The ref_log_prob adapter (rpg/reference.py): through verl's real `ppo_loss`, and its installation. About 15 s.
+
+Inside a registered policy loss, `current_ref_log_prob()` must return the `ref_log_prob` verl shipped, padded like the
+loss's `log_prob`; it is None without a reference model and outside `ppo_loss`. `install()` must patch verl's modules
+whether they are imported before or after it, idempotently, keeping verl's `@register` dispatch metadata.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rpg import reference
+
+pytest.importorskip("verl.workers.utils.losses")
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
+from verl.workers.utils import losses  # noqa: E402
+from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
+
+PROBE = "rpg_test_reference_probe"
+PROMPT_W, RESP_W = 4, 5
+PROMPT_LENS, RESP_LENS = [4, 2, 3], [5, 3, 1]
+
+
+@pytest.fixture()
+def probe():
+    """A registered policy loss that records what it sees: (log_prob, current_ref_log_prob())."""
+    seen = []
+
+    @core_algos.register_policy_loss(PROBE)
+    def probe_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None):
+        seen.append((log_prob.detach().clone(), reference.current_ref_log_prob()))
+        return (log_prob * response_mask).sum() * 0.0, {}
+
+    reference.install()
+    yield seen
+    core_algos.POLICY_LOSS_REGISTRY.pop(PROBE, None)
+
+
+def make_data(ref_layout):
+    """verl's no-padding micro-batch as `ppo_loss` receives it; `ref_layout` in {None, "padded", "nested"}."""
+    g = torch.Generator().manual_seed(0)
+    bs = len(PROMPT_LENS)
+    attn = torch.zeros(bs, PROMPT_W + RESP_W, dtype=torch.long)
+    resp_mask = torch.zeros(bs, RESP_W, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(PROMPT_LENS, RESP_LENS)):
+        attn[i, PROMPT_W - p : PROMPT_W + r] = 1
+        resp_mask[i, :r] = 1
+    ids = torch.randint(3, 40, attn.shape, generator=g) * attn
+    ref = -torch.rand(bs, RESP_W, generator=g) - 0.1  # distinct, non-zero everywhere (also on padding)
+    fields = {
+        "input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp_min(0),
+        "prompts": ids[:, :PROMPT_W], "responses": ids[:, PROMPT_W:], "response_mask": resp_mask,
+        "old_log_probs": -torch.rand(bs, RESP_W, generator=g), "advantages": torch.randn(bs, RESP_W, generator=g),
+    }
+    if ref_layout == "padded":
+        fields["ref_log_prob"] = ref
+    td = left_right_2_no_padding(TensorDict(fields, batch_size=[bs]))
+    if ref_layout == "nested":  # the layout the v1 trainer's TransferQueue path delivers
+        rows = [ref[i][resp_mask[i].bool()] for i in range(bs)]
+        td["ref_log_prob"] = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=None, global_batch_size=None)
+    # flat per-token model output over prompt+response; response token j sits at position PROMPT_W - 1 + j
+    lp = -torch.rand(bs, PROMPT_W + RESP_W, generator=g)
+    return td, lp[attn.bool()], ref, resp_mask.bool()
+
+
+def actor_config(use_kl_loss):
+    return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2, use_kl_loss=use_kl_loss,
+                       kl_loss_coef=0.0, kl_loss_type="k1", policy_loss=PolicyLossConfig(loss_mode=PROBE))
+
+
+@pytest.mark.parametrize("layout", ["padded", "nested"])
+def test_registered_loss_sees_the_shipped_ref_log_prob(probe, layout):
+    td, flat_lp, ref, mask = make_data(layout)
+    loss, metrics = losses.ppo_loss(actor_config(True), {"log_probs": flat_lp}, td)
+    assert len(probe) == 1
+    log_prob, seen_ref = probe[0]
+    assert seen_ref is not None and seen_ref.shape == log_prob.shape == (len(PROMPT_LENS), RESP_W)
+    expected = ref if layout == "padded" else ref * mask  # verl pads nested tensors with 0, as it does old_log_prob
+    torch.testing.assert_close(seen_ref, expected, rtol=0, atol=0)
+    assert not seen_ref.requires_grad
+    # aligned with log_prob: verl's own k1 KL on the same micro-batch equals mean(log_prob - ref) over valid tokens
+    assert float(metrics["kl_loss"].aggregate()) == pytest.approx(((log_prob - seen_ref)[mask]).mean().item(),
+                                                                  rel=1e-6)
+    assert reference.current_ref_log_prob() is None  # reset after the call
+
+
+def test_none_without_reference_model(probe):
+    td, flat_lp, _, _ = make_data(None)
+    losses.ppo_loss(actor_config(False), {"log_probs": flat_lp}, td)
+    assert probe[0][1] is None
+
+
+def test_reset_even_when_the_loss_raises(probe):
+    td, flat_lp, _, _ = make_data("padded")
+
+    @core_algos.register_policy_loss(PROBE)
+    def failing(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None):
+        assert reference.current_ref_log_prob() is not None
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        losses.ppo_loss(actor_config(True), {"log_probs": flat_lp}, td)
+    assert reference.current_ref_log_prob() is None
+
+
+def test_kl_meter_matches_the_formula(probe):
+    """The KL the periodic schedule measures inside ppo_loss: token mean of w·k3(π_ref/π_θ) (SPEC §5.3)."""
+    td, flat_lp, ref, mask = make_data("padded")
+    reference._KL_METER.start()
+    losses.ppo_loss(actor_config(True), {"log_probs": flat_lp}, td)
+    kl_sum, tokens = reference._KL_METER.stop()
+    lp = probe[0][0].double()
+    old, r = td["old_log_probs"].double(), ref.double()
+    per_token = torch.exp(lp - old) * (torch.exp(r - lp) - (r - lp) - 1)
+    assert tokens == mask.sum().item()
+    assert kl_sum == pytest.approx(per_token[mask].sum().item(), rel=1e-12)
+    assert kl_sum > 0
+    # identical policy and reference -> zero KL
+    assert reference.token_kl_to_reference(lp, old, lp, mask) == (0.0, float(mask.sum()))
+
+
+_INSTALL_CHECK = textwrap.dedent(
+    """
+    import sys
+    import rpg.reference as r
+    from verl.single_controller.base.decorator import MAGIC_ATTR
+    if {install_first}:
+        r.install(); r.install()
+        assert "verl.workers.engine_workers" not in sys.modules
+    import verl.workers.engine_workers as ew
+    import verl.workers.utils.losses as L
+    if not {install_first}:
+        r.install(); r.install()
+    mark = r._MARK
+    assert getattr(L.ppo_loss, mark) and ew.ppo_loss is L.ppo_loss, "ppo_loss not wrapped once in both modules"
+    assert not getattr(L.ppo_loss.__wrapped__, mark, False), "wrapped twice"
+    cls = ew.ActorRolloutRefWorker
+    for name in ("update_actor", "save_checkpoint", "load_checkpoint"):
+        fn = cls.__dict__[name]
+        assert getattr(fn, mark) and not getattr(fn.__wrapped__, mark, False), name
+        assert getattr(fn, MAGIC_ATTR) == getattr(fn.__wrapped__, MAGIC_ATTR), name + " lost verl's dispatch info"
+    assert sum(isinstance(f, r._PostImportPatcher) for f in sys.meta_path) == 1
+    print("OK")
+    """
+)
+
+
+@pytest.mark.parametrize("install_first", [True, False], ids=["before-import", "after-import"])
+def test_install_patches_verl_before_or_after_import(install_first):
+    env = dict(os.environ, VERL_USE_EXTERNAL_PLUGINS="none")  # isolate from the entry point (which installs too)
+    env.pop("VERL_USE_EXTERNAL_MODULES", None)
+    out = subprocess.run([sys.executable, "-c", _INSTALL_CHECK.format(install_first=install_first)], env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]
