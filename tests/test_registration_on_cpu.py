@@ -32,6 +32,18 @@ def test_plain_import_verl_registers_everything():
     assert got["rpg_imported_before_verl_finished"]
 
 
+import pytest
+
+
+@pytest.mark.parametrize("first", ["rpg.config", "rpg.losses", "rpg.advantages", "rpg.divergences", "rpg"])
+def test_any_import_order_registers_everything(first):
+    """Importing an rpg module before verl must not break verl's plugin loading (a half-initialised module)."""
+    probe = f"import {first}\n" + PROBE
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["losses"] == EXPECTED_LOSSES and got["adv"] == ["rpg", "rpg_batchmean"]
+
+
 def test_registration_is_idempotent():
     import importlib
 
