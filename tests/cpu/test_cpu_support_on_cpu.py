@@ -1,0 +1,114 @@
+"""CPU platform (rpg/cpu/platform.py), fast-poll sampler (rpg/cpu/sampler.py) and progress filter (rpg/cpu/progress.py).
+
+The platform checks run in fresh interpreters because the platform is a per-process singleton chosen at `import verl`
+(about 6 s each).
+"""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+PLATFORM_PROBE = r"""
+import json, os, torch
+import verl
+import verl.utils.distributed as vd
+from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device
+import verl.utils.fsdp_utils as fu
+out = {"device": get_device_name(), "backend": get_nccl_backend(),
+       "patched": hasattr(vd.initialize_global_process_group_ray, "__wrapped__")}
+if out["device"] == "cpu":
+    out["pin_memory"] = fu.CPUOffloadPolicy(pin_memory=True).pin_memory
+    out["mem_allocated"] = get_torch_device().memory_allocated()
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(20000 + os.getpid() % 20000))
+    vd.initialize_global_process_group_ray(timeout_second=60)  # verl's call in ActorRolloutRefWorker
+    out["pg_backend"] = torch.distributed.get_backend()
+    t = torch.ones(2)
+    torch.distributed.all_reduce(t)
+    out["all_reduce"] = t.tolist()
+    from verl.workers.engine.base import EngineRegistry
+    out["engine"] = EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__
+print("RESULT" + json.dumps(out))
+"""
+
+
+def probe(env_update):
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES",
+                                                            "VERL_ENGINE_DEVICE")}
+    env.update(env_update)
+    res = subprocess.run([sys.executable, "-c", PLATFORM_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT")]
+    assert res.returncode == 0 and lines, res.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT"):])
+
+
+def test_cpu_platform_selected_by_env_and_shims_work():
+    out = probe({"VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "rpg.cpu.platform"})
+    assert out == {"device": "cpu", "backend": "gloo", "patched": True, "pin_memory": False, "mem_allocated": 0,
+                   "pg_backend": "gloo", "all_reduce": [1.0, 1.0], "engine": "FSDPEngineWithLMHead"}
+
+
+def test_importing_without_cpu_request_changes_nothing():
+    out = probe({"VERL_USE_EXTERNAL_MODULES": "rpg.cpu.platform"})
+    assert out["device"] != "cpu" and out["patched"] is False
+
+
+# --------------------------------------------------------------------------------------------------- sampler --
+def make_sampler(**sampler_kwargs):
+    from rpg.cpu.sampler import FastPollReplayBuffer
+
+    return FastPollReplayBuffer(trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
+                                max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create(sampler_kwargs),
+                                refill_fn=lambda *a, **k: None)
+
+
+def test_fast_poll_sampler_reads_filter_groups_from_interpolated_config():
+    cfg = OmegaConf.create({
+        "algorithm": {"filter_groups": {"enable": True, "metric": "acc", "max_inflight_gen_batches": 3}},
+        "data": {"train_batch_size": 16},
+        "sampler_kwargs": {"poll_interval": 0.05, "filter_groups": "${algorithm.filter_groups}",
+                           "train_batch_size": "${data.train_batch_size}"},
+    })
+    from rpg.cpu.sampler import FastPollReplayBuffer
+
+    buf = FastPollReplayBuffer(trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
+                               max_off_policy_strategy="drop", sampler_kwargs=cfg.sampler_kwargs,
+                               refill_fn=lambda *a, **k: None)
+    assert (buf.poll_interval, buf.filter_groups_metric, buf.gen_batch_size, buf.max_inflight_gen_batches,
+            buf.train_batch_size) == (0.05, "acc", 1, 3, 16)
+    plain = make_sampler(filter_groups={"enable": False, "metric": "acc"}, train_batch_size=8)
+    assert (plain.filter_groups_metric, plain.gen_batch_size, plain.max_inflight_gen_batches) == (None, 8, 1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"train_batch_size": 8, "poll": 1}, "unknown sampler_kwargs"),
+    ({}, "train_batch_size"),
+    ({"train_batch_size": 8, "filter_groups": {"enable": True, "metric": None}}, "metric"),
+])
+def test_fast_poll_sampler_rejects_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_sampler(**kwargs)
+
+
+# -------------------------------------------------------------------------------------------------- progress --
+def test_progress_filter_summarises_verl_console_lines(tmp_path):
+    from rpg.cpu.progress import follow
+
+    console = (
+        "\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m WARNING target_num_threads 8 should not exceed\n"
+        "\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m step:0 - val-core/math_dapo/acc/mean@4:np.float64(0.3125) - x:1\n"
+        "(TaskRunnerV1 pid=1) step:3 - critic/score/mean:-0.25 - timing_s/step:4.52 - actor/pg_loss:-0.01\n"
+        "Traceback (most recent call last):\n"
+    )
+    out, log = io.StringIO(), io.StringIO()
+    follow(io.StringIO(console), log, out, total=10)
+    assert log.getvalue() == console
+    assert out.getvalue().splitlines() == [
+        "[progress] step 0/10 | VALIDATION acc  31.2% (val-core/math_dapo/acc/mean@4)",
+        "[progress] step 3/10 | train acc  37.5% | 4.5 s/step",
+        "Traceback (most recent call last):",
+    ]

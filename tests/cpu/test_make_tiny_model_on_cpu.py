@@ -1,0 +1,78 @@
+"""scripts/make_tiny_model.py: task format vs verl's math_dapo scorer, verl data schema, determinism, idempotence.
+
+Builds with a 10-step SFT budget into a temporary folder (about 20 s for three builds).
+"""
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "scripts" / "make_tiny_model.py")
+mtm = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mtm)
+
+QUICK = ["--max-steps", "10", "--eval-every", "5", "--target", "0.9,1.0", "--n-train", "300"]
+
+
+def test_solutions_are_scored_correct_by_verls_math_dapo_scorer():
+    from verl.utils.reward_score import default_compute_score
+
+    rng = random.Random(3)
+    for _ in range(20):
+        a, b = mtm.make_problem(rng)
+        text = mtm.solution_text(a, b)
+        assert default_compute_score("math_dapo", text, str(a + b))["score"] == 1.0
+        assert default_compute_score("math_dapo", text, str(a + b + 1))["score"] == -1.0
+        assert mtm.is_correct(text, a + b) and not mtm.is_correct(text, a + b + 1)
+    assert mtm.solution_text(123, 45) == "3+5+0=8\n2+4+0=6\n1+0+0=1\nAnswer: 168"
+    assert mtm.solution_text(99, 99) == "9+9+0=18\n9+9+1=19\nAnswer: 198"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny") / "tiny"
+    assert mtm.main(["--out", str(out), *QUICK]) == 0
+    return out
+
+
+def test_outputs_follow_verl_schema_and_hold_out_validation(built):
+    from transformers import AutoTokenizer
+
+    train, val = pd.read_parquet(built / "train.parquet"), pd.read_parquet(built / "val.parquet")
+    assert len(train) == 300 and len(val) == 200
+    row = train.iloc[0]
+    assert row["data_source"] == "math_dapo" and row["ability"] == "math"
+    assert row["reward_model"]["style"] == "rule"
+    a, b = int(row["extra_info"]["a"]), int(row["extra_info"]["b"])
+    assert row["reward_model"]["ground_truth"] == str(a + b)
+    assert list(row["prompt"]) == [{"role": "user", "content": mtm.prompt_text(a, b)}]
+    pairs = lambda df: {(int(e["a"]), int(e["b"])) for e in df["extra_info"]}  # noqa: E731
+    assert not pairs(train) & pairs(val)
+    tok = AutoTokenizer.from_pretrained(built / "model")
+    rendered = tok.apply_chat_template([{"role": "user", "content": mtm.prompt_text(a, b)}], tokenize=False,
+                                       add_generation_prompt=True)
+    assert rendered == mtm.render_prompt(a, b)
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert all(len(tok.tokenize(d)) == 1 for d in "0123456789")
+
+
+def test_idempotent_and_deterministic(built, tmp_path, capsys):
+    stamp = (built / "model" / "model.safetensors").stat().st_mtime_ns
+    assert mtm.main(["--out", str(built), *QUICK]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert (built / "model" / "model.safetensors").stat().st_mtime_ns == stamp
+    again = tmp_path / "again"
+    assert mtm.main(["--out", str(again), *QUICK]) == 0
+    assert (again / "model" / "model.safetensors").read_bytes() == (built / "model" / "model.safetensors").read_bytes()
+    assert mtm.main(["--out", str(again), *QUICK, "--seed", "1"]) == 0  # other settings: rebuilt in place
+    assert (again / "model" / "model.safetensors").read_bytes() != (built / "model" / "model.safetensors").read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left behind
+
+
+def test_bad_target_is_named():
+    with pytest.raises(SystemExit):
+        mtm.parse_args(["--target", "0.6,0.2"])
