@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# DAPO — Qwen2.5-7B-Instruct, 2K context.
+# The authors' script #4 (SPEC §9.3); Table 8 row "DAPO".
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+setup_authors_7b instruct
+preset_dapo
+rpg_run "$@"

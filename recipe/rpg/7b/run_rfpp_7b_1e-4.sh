@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# REINFORCE++ — Qwen2.5-Math-7B, 2K context.
+# The authors' script #9 (SPEC §9.3); not reported in the paper.
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+setup_authors_7b math
+preset_reinforce_pp
+rpg_run "$@"

@@ -1,0 +1,437 @@
+"""`python -m rpg.launch <hydra overrides>`: verl 0.9.1's PPO entry point with every check done up front.
+
+The recipe launcher (`recipe/rpg/common.sh`) runs this module instead of `python -m verl.trainer.main_ppo`. It is a
+thin Hydra entry over verl's own `ppo_trainer` config (composed from the installed `verl.trainer.config` package,
+so every key and default is verl's) that, before any Ray process starts,
+
+1. runs verl's `validate_config` exactly as `verl/trainer/main_ppo.py:main` does;
+2. builds the typed config dataclasses that verl's trainer and workers build later (actor, reference, rollout,
+   model, algorithm, reward manager, checkpoint engine), so a misspelt `+key` or a bad value fails here instead of
+   minutes later inside a worker on the cluster;
+3. checks the recipe-level rules verl cannot know about (`validate_rpg`, `validate_recipe`);
+4. then either prints the resolved config as YAML and exits (`RPG_DRY_RUN=1`, no Ray, a few seconds) or hands the
+   config unchanged to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one if `trainer.use_v1=False`).
+
+`+key=value` overrides are treated as `++key=value` (add or override), so a key added by `common.sh` (e.g.
+`+actor_rollout_ref.actor.policy_loss.kl_coef`) can be set again by a script or on the command line.
+
+For tests and tools, `compose_config(overrides)` and `compose_and_validate(overrides)` do steps 1–3 in-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import typing
+from typing import Any, Callable, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+VERL_CONFIG_MODULE = "verl.trainer.config"
+CONFIG_NAME = "ppo_trainer"
+RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.config.RPGPolicyLossConfig")
+OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")
+DRY_RUN_ENV = "RPG_DRY_RUN"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+class RecipeConfigError(ValueError):
+    """A recipe configuration that verl would accept (or reject only late, on the cluster) but that is wrong."""
+
+
+def is_rpg_loss(loss_mode: str) -> bool:
+    """True for the plugin's losses that read `RPGPolicyLossConfig`: `rpg_*` and `grpo_wk3` (SPEC §4, §5)."""
+    return loss_mode.startswith("rpg_") or loss_mode == "grpo_wk3"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Composition
+# --------------------------------------------------------------------------------------------------------------
+def normalise_overrides(overrides: Sequence[str]) -> list[str]:
+    """Rewrite `+key=value` to `++key=value` (add or override); leave every other override untouched."""
+    return ["+" + o if o.startswith("+") and not o.startswith("++") else o for o in overrides]
+
+
+def compose_config(overrides: Sequence[str]) -> DictConfig:
+    """Compose verl's `ppo_trainer` config with `overrides`, in-process (Hydra's compose API, no run directory)."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module=VERL_CONFIG_MODULE, version_base=None):
+        return compose(config_name=CONFIG_NAME, overrides=normalise_overrides(overrides))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# verl's own checks and dataclasses
+# --------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class ValidatedConfig:
+    """The typed objects built from a config (what verl's trainer and workers would build)."""
+
+    config: DictConfig
+    actor: Any
+    rollout: Any
+    algorithm: Any
+    checkpoint_engine: Any
+    ref: Any = None
+    model: Any = None  # HFModelConfig when the model path is a local directory, else None (checked structurally)
+    rpg: Any = None  # RPGPolicyLossConfig for RPG losses
+
+
+def _detached(node: DictConfig) -> DictConfig:
+    """A resolved, parent-free copy of a config node (so interpolations into the rest of the tree still work)."""
+    return OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+
+
+def _ref_as_worker_builds_it(config: DictConfig) -> DictConfig:
+    """`actor_rollout_ref.ref` renamed exactly as `ActorRolloutRefWorker.init_model` does before building it."""
+    ref = _detached(config.actor_rollout_ref.ref)
+    with open_dict(ref):
+        ref.ppo_mini_batch_size = config.actor_rollout_ref.actor.ppo_mini_batch_size
+        ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
+        ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
+        ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
+        ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
+    return ref
+
+
+def _build_model(config: DictConfig):
+    """HFModelConfig if the model is a local directory (loads tokenizer + HF config, as the workers do).
+
+    A hub id (e.g. `Qwen/Qwen3-4B`) is not downloaded by a dry run: its keys and types are checked against
+    the dataclass schema only.
+    """
+    from verl.workers.config import HFModelConfig
+
+    from verl.utils.config import omega_conf_to_dataclass
+
+    model = config.actor_rollout_ref.model
+    if os.path.isdir(os.path.expanduser(str(model.path))):
+        return omega_conf_to_dataclass(model)
+    schema = {k: v for k, v in OmegaConf.to_container(model, resolve=True).items() if k != "_target_"}
+    OmegaConf.merge(OmegaConf.structured(HFModelConfig), schema)
+    return None
+
+
+_SCALAR_TYPES = {float: (int, float), int: (int,), bool: (bool,), str: (str,)}
+
+
+def _typecheck(obj: Any, key: str) -> Any:
+    """Check the scalar fields of a built config dataclass (recursively) against their annotations.
+
+    hydra's `instantiate` does not type-check, so e.g. `actor.clip_ratio_c=ten` would otherwise fail only inside the
+    loss on the cluster. Only plain `float`/`int`/`bool`/`str` annotations are checked; None values are left to verl.
+    """
+    try:
+        hints = typing.get_type_hints(type(obj))
+    except Exception:  # noqa: BLE001 -- unresolvable annotations: nothing to check
+        hints = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name, None)
+        if dataclasses.is_dataclass(value):
+            _typecheck(value, f"{key}.{f.name}")
+            continue
+        allowed = _SCALAR_TYPES.get(hints.get(f.name))
+        if value is None or allowed is None:
+            continue
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise RecipeConfigError(
+                f"{key}.{f.name}={value!r} has type {type(value).__name__}; expected {hints[f.name].__name__}"
+            )
+    return obj
+
+
+def build_verl_configs(config: DictConfig) -> ValidatedConfig:
+    """Run verl's `validate_config` as `main_ppo.main` does, then build the dataclasses its workers build.
+
+    Raises whatever verl raises (AssertionError, ValueError, hydra InstantiationException, OmegaConf errors) with
+    verl's own message; nothing here starts Ray or touches a GPU.
+    """
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    use_ref = need_reference_policy(config)
+    with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; keep stdout for the YAML of a dry run
+        validate_config(config=config, use_reference_policy=use_ref, use_critic=need_critic(config))
+    arr = config.actor_rollout_ref
+    ref = omega_conf_to_dataclass(_ref_as_worker_builds_it(config)) if use_ref else None
+    return ValidatedConfig(
+        config=config,
+        actor=_typecheck(omega_conf_to_dataclass(arr.actor), "actor_rollout_ref.actor"),
+        ref=_typecheck(ref, "actor_rollout_ref.ref") if use_ref else None,
+        rollout=_typecheck(omega_conf_to_dataclass(arr.rollout), "actor_rollout_ref.rollout"),
+        model=_build_model(config),
+        algorithm=omega_conf_to_dataclass(config.algorithm),
+        checkpoint_engine=omega_conf_to_dataclass(arr.rollout.checkpoint_engine),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# RPG rules
+# --------------------------------------------------------------------------------------------------------------
+def _registries():
+    import verl  # noqa: F401  (loads the `verl.plugins` entry points, i.e. registers the RPG losses/estimators)
+
+    # verl swallows plugin import errors; import the plugin explicitly so a broken plugin fails loudly here (and a
+    # registration skipped because `rpg.config` was mid-import when verl loaded its plugins happens now).
+    import rpg.verl_plugin  # noqa: F401
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+
+    return POLICY_LOSS_REGISTRY, ADV_ESTIMATOR_REGISTRY
+
+
+def check_registered(config: DictConfig) -> None:
+    """`policy_loss.loss_mode` and `algorithm.adv_estimator` must be names in verl's registries."""
+    losses, estimators = _registries()
+    loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
+    if loss_mode not in losses:
+        rpg_names = sorted(n for n in losses if is_rpg_loss(n))
+        raise RecipeConfigError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} is not a registered policy loss. "
+            f"RPG losses: {rpg_names or '(none registered: is the rpg plugin installed?)'}; "
+            f"verl built-ins: {sorted(n for n in losses if not is_rpg_loss(n))}"
+        )
+    adv = config.algorithm.adv_estimator
+    if adv not in estimators:
+        raise RecipeConfigError(
+            f"algorithm.adv_estimator={adv!r} is not a registered advantage estimator; valid: {sorted(estimators)}"
+        )
+
+
+def _rpg_policy_loss(config: DictConfig):
+    """Instantiate `actor.policy_loss` as `RPGPolicyLossConfig` (its __post_init__ validates every field)."""
+    from rpg.config import RPGPolicyLossConfig
+    from verl.utils.config import omega_conf_to_dataclass
+
+    policy_loss = config.actor_rollout_ref.actor.policy_loss
+    target = policy_loss.get("_target_")
+    if target not in RPG_POLICY_LOSS_TARGETS:
+        raise RecipeConfigError(
+            f"loss_mode={policy_loss.loss_mode!r} reads the RPG settings, but actor_rollout_ref.actor.policy_loss."
+            f"_target_={target!r}; add the override "
+            f"actor_rollout_ref.actor.policy_loss._target_={RPG_POLICY_LOSS_TARGETS[0]}"
+        )
+    settings = omega_conf_to_dataclass(_detached(policy_loss))
+    assert isinstance(settings, RPGPolicyLossConfig), type(settings)
+    return settings
+
+
+def _rule_bypass(config: DictConfig, settings) -> Optional[str]:
+    from rpg.config import BYPASS_ERROR
+
+    rc = config.algorithm.get("rollout_correction", None) or {}
+    return BYPASS_ERROR if rc.get("bypass_mode", False) else None
+
+
+def _rule_no_kl_in_reward(config: DictConfig, settings) -> Optional[str]:
+    if config.algorithm.get("use_kl_in_reward", False):
+        return (
+            "algorithm.use_kl_in_reward=True cannot be combined with an RPG loss: verl's in-reward KL is evaluated "
+            "at π_old/π_ref before the update, summed into the advantage and multiplied by w, which realises no RPG "
+            "estimator (SPEC §11 D2) and would add a second KL on top of the loss's own. Set "
+            "algorithm.use_kl_in_reward=False; the RPG KL is the loss's policy_loss.kl_coef (β)."
+        )
+    return None
+
+
+def _rule_reference_model(config: DictConfig, settings) -> Optional[str]:
+    actor = config.actor_rollout_ref.actor
+    use_kl_loss, coef = bool(actor.use_kl_loss), float(actor.kl_loss_coef)
+    needs_ref = settings.reference != "iterative" or settings.loss_mode == "grpo_wk3"
+    if needs_ref and not (use_kl_loss and coef == 0.0):
+        why = (
+            f"policy_loss.reference={settings.reference!r}"
+            if settings.reference != "iterative"
+            else f"loss_mode={settings.loss_mode!r}"
+        )
+        return (
+            f"{why} needs verl's reference model: set actor_rollout_ref.actor.use_kl_loss=True (so verl builds "
+            f"the reference worker and ships ref_log_prob to the loss) and actor_rollout_ref.actor.kl_loss_coef=0 "
+            f"(so verl adds no KL of its own; the loss's β is policy_loss.kl_coef). Got use_kl_loss={use_kl_loss}, "
+            f"kl_loss_coef={coef}."
+        )
+    if not needs_ref and use_kl_loss and coef != 0.0:
+        return (
+            f"policy_loss.reference='iterative' (π_ref = π_old, paper §5) with actor.use_kl_loss=True and "
+            f"kl_loss_coef={coef}: verl would add its own {actor.kl_loss_type!r} KL against a frozen reference "
+            f"model on top of the RPG KL. Set actor_rollout_ref.actor.use_kl_loss=False (the RPG β is "
+            f"policy_loss.kl_coef), or use policy_loss.reference=frozen with kl_loss_coef=0."
+        )
+    return None
+
+
+RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
+    _rule_bypass,
+    _rule_no_kl_in_reward,
+    _rule_reference_model,
+)
+
+
+def validate_rpg(config: DictConfig):
+    """Check the RPG rules on a composed config; return the `RPGPolicyLossConfig` (None for non-RPG losses).
+
+    Rules (all violations are reported together):
+    * `loss_mode` and `adv_estimator` are registered (the valid names are listed on error);
+    * RPG loss (`rpg_*`, `grpo_wk3`) ⇒ `policy_loss._target_` is `rpg.RPGPolicyLossConfig` and its fields are valid;
+    * RPG loss ⇒ `algorithm.rollout_correction.bypass_mode=False` (rpg.config.BYPASS_ERROR);
+    * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (SPEC §11 D2);
+    * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
+    * `reference` frozen/periodic, or `grpo_wk3` ⇒ `use_kl_loss=True` and `kl_loss_coef=0` (verl builds the
+      reference model and ships `ref_log_prob`, but adds nothing itself).
+    """
+    check_registered(config)
+    if not is_rpg_loss(config.actor_rollout_ref.actor.policy_loss.loss_mode):
+        return None
+    settings = _rpg_policy_loss(config)
+    errors = [msg for rule in RPG_RULES if (msg := rule(config, settings))]
+    if errors:
+        raise RecipeConfigError("invalid RPG configuration:\n- " + "\n- ".join(errors))
+    return settings
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Recipe rules that are not RPG-specific (verl would fail late or silently ignore the setting)
+# --------------------------------------------------------------------------------------------------------------
+def _rule_filter_groups_needs_v1(config: DictConfig) -> Optional[str]:
+    fg = config.algorithm.get("filter_groups", None) or {}
+    if fg.get("enable", False) and not config.trainer.use_v1:
+        return (
+            "algorithm.filter_groups.enable=True needs the v1 trainer (trainer.use_v1=True): verl 0.9.1's legacy "
+            "trainer has no dynamic sampling and would silently train without it."
+        )
+    return None
+
+
+def _rule_overlong_buffer(config: DictConfig) -> Optional[str]:
+    kwargs = config.reward.get("reward_kwargs", None) or {}
+    buf = kwargs.get("overlong_buffer_cfg", None)
+    if buf is None:
+        return None
+    unknown = sorted(set(buf.keys()) - set(OVERLONG_BUFFER_KEYS))
+    if unknown:
+        valid = list(OVERLONG_BUFFER_KEYS)
+        return f"reward.reward_kwargs.overlong_buffer_cfg has unknown keys {unknown}; valid: {valid}"
+    if not buf.get("enable", False):
+        return None
+    if config.reward.reward_manager.name != "dapo":
+        return (
+            f"reward.reward_kwargs.overlong_buffer_cfg.enable=True is only read by the 'dapo' reward manager, "
+            f"but reward.reward_manager.name={config.reward.reward_manager.name!r}"
+        )
+    max_resp, length = kwargs.get("max_resp_len", None), buf.get("len", None)
+    if max_resp != config.data.max_response_length:
+        return (
+            f"reward.reward_kwargs.max_resp_len={max_resp} must equal data.max_response_length="
+            f"{config.data.max_response_length} (the DAPO overlong penalty is measured from it, SPEC §7.4)"
+        )
+    if not (isinstance(length, int) and 0 < length <= max_resp):
+        return (
+            f"reward.reward_kwargs.overlong_buffer_cfg.len={length!r} must be an integer in "
+            f"(0, max_resp_len={max_resp}]"
+        )
+    return None
+
+
+def _rule_reward_manager(config: DictConfig) -> Optional[str]:
+    # verl 0.9.1's RewardManagerConfig cannot be instantiated (its __post_init__ calls a missing super method), so
+    # its registration check is repeated here: the reward loop would otherwise fail only inside a Ray worker.
+    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+
+    manager = config.reward.reward_manager
+    if manager.source == "register" and manager.name not in REWARD_MANAGER:
+        valid = sorted(REWARD_MANAGER)
+        return f"reward.reward_manager.name={manager.name!r} is not a registered reward manager; valid: {valid}"
+    if manager.source not in ("register", "importlib"):
+        return f"reward.reward_manager.source={manager.source!r} is not valid; choose 'register' or 'importlib'"
+    return None
+
+
+def _rule_custom_reward_fn(config: DictConfig) -> Optional[str]:
+    fn = config.reward.get("custom_reward_function", None) or {}
+    if not fn.get("path"):
+        return None
+    from verl.utils.import_utils import load_extern_object
+
+    try:  # the same loader the reward workers use
+        obj = load_extern_object(module_path=fn.path, object_name=fn.name)
+    except Exception as e:  # noqa: BLE001 -- report any loader failure with the offending keys
+        return f"reward.custom_reward_function path={fn.path!r} name={fn.name!r} cannot be loaded: {e}"
+    return None if callable(obj) else f"reward.custom_reward_function {fn.path}:{fn.name} is not callable"
+
+
+RECIPE_RULES: tuple[Callable[[DictConfig], Optional[str]], ...] = (
+    _rule_filter_groups_needs_v1,
+    _rule_reward_manager,
+    _rule_custom_reward_fn,
+    _rule_overlong_buffer,
+)
+
+
+def validate_recipe(config: DictConfig) -> None:
+    """Recipe rules verl does not check up front (dynamic-sampling trainer, reward manager and score function,
+    DAPO overlong buffer)."""
+    errors = [msg for rule in RECIPE_RULES if (msg := rule(config))]
+    if errors:
+        raise RecipeConfigError("invalid recipe configuration:\n- " + "\n- ".join(errors))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------------------------
+def validate(config: DictConfig) -> ValidatedConfig:
+    """All checks on a composed config: verl's, the dataclass builds, the recipe rules and the RPG rules."""
+    from rpg.schedule_free import check_config as check_schedule_free
+
+    validated = build_verl_configs(config)
+    validate_recipe(config)
+    validated.rpg = validate_rpg(config)
+    check_schedule_free(config)  # optimizer and trainer agree (schedule-free needs its trainer mode, and only it)
+    return validated
+
+
+def compose_and_validate(overrides: Sequence[str]) -> ValidatedConfig:
+    """Compose verl's config with `overrides` and run every check, in-process (no Ray). For tests and tools."""
+    return validate(compose_config(overrides))
+
+
+def dry_run_requested(environ=os.environ) -> bool:
+    value = environ.get(DRY_RUN_ENV, "").strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise RecipeConfigError(f"{DRY_RUN_ENV}={environ[DRY_RUN_ENV]!r} is not valid; use 1 (dry run) or 0")
+    return value in _TRUE
+
+
+def run(config: DictConfig) -> None:
+    """Validate, then dry-run (print YAML) or train with verl's `run_ppo`, as `verl.trainer.main_ppo.main` does."""
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    validate(config)
+    if dry_run_requested():
+        sys.stdout.write(OmegaConf.to_yaml(config, resolve=True))
+        sys.stdout.flush()
+        return
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+
+    if config.trainer.use_v1:
+        run_ppo(config, task_runner_class=TaskRunnerV1)
+    else:
+        from verl.trainer.main_ppo_v0 import TaskRunner
+
+        run_ppo(config, task_runner_class=TaskRunner)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    import hydra
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if dry_run_requested():  # no run directory, no log file: a dry run leaves nothing behind
+        args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled"]
+    sys.argv = [sys.argv[0], *normalise_overrides(args)]
+    entry = hydra.main(config_path=f"pkg://{VERL_CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=None)(run)
+    entry()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,396 @@
+"""Every recipe script composes and validates against verl 0.9.1's real config, with the values the paper and the
+authors' scripts state (SPEC §7.5, §9.2, §9.3).
+
+Fast path: each script runs in the launcher's print mode (RPG_PRINT_ARGV=1: bash only, prints the final command as
+JSON), and its overrides are composed + validated in this process by `rpg.launch.compose_and_validate` (verl's
+`validate_config`, verl's dataclasses, the recipe and RPG rules). A few real `RPG_DRY_RUN=1 bash <script>` runs cover
+the shell → `python -m rpg.launch` path end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+from recipe_helpers import (
+    RECIPE,
+    REPO,
+    SCHEDULEFREE_MISSING,
+    SCRIPTS_4B,
+    SCRIPTS_7B,
+    SCRIPTS_CPU,
+    overrides,
+    printed,
+    run_script,
+    schedulefree_available,
+    validated,
+)
+
+# The authors' 60 scripts (SPEC §9.3), in our terms:
+# (file, adv_estimator, loss_mode, β (None: not an RPG loss), clip low, clip high, lr, verl KL loss (type, coef) or
+#  None, dynamic sampling, overlong penalty, model, token budget factor × (P+R), optimizer)
+AUTHORS_7B = [
+    ("run_dapo_7b.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
+    ("run_dapo_7b_schedulefree.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
+    ("run_dapo_7b_schedulefree_7binstruct.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
+    ("run_dapo_7binstruct.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
+    ("run_grpo_7b.sh", "grpo", "vanilla", None, 0.2, 0.2, 1e-06, ("low_var_kl", 0.001), False, False, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
+    ("run_grpo_7b_7binstruct.sh", "grpo", "vanilla", None, 0.2, 0.2, 1e-06, ("low_var_kl", 0.001), False, False, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
+    ("run_grpo_7b_schedulefree.sh", "grpo", "vanilla", None, 0.2, 0.2, 1e-06, ("low_var_kl", 0.001), False, False, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
+    ("run_grpo_7b_schedulefree_7binstruct.sh", "grpo", "vanilla", None, 0.2, 0.2, 1e-06, ("low_var_kl", 0.001), False, False, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
+    ("run_rfpp_7b_1e-4.sh", "reinforce_plus_plus", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
+    ("run_rfpp_7b_1e-4_7binstruct.sh", "reinforce_plus_plus", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
+    ("run_rfpp_7b_1e-4_schedulefree.sh", "reinforce_plus_plus", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
+    ("run_rfpp_7b_1e-4_schedulefree_7binstruct.sh", "reinforce_plus_plus", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
+    ("run_rfppb_7b_1e-4.sh", "reinforce_plus_plus_baseline", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
+    ("run_rfppb_7b_1e-4_7binstruct.sh", "reinforce_plus_plus_baseline", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
+    ("run_rfppb_7b_1e-4_schedulefree.sh", "reinforce_plus_plus_baseline", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
+    ("run_rfppb_7b_1e-4_schedulefree_7binstruct.sh", "reinforce_plus_plus_baseline", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
+    ("run_rpg_7b_fkl1e-4.sh", "rpg", "rpg_fkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
+    ("run_rpg_7b_fkl1e-4_7binstruct.sh", "rpg", "rpg_fkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
+    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.1_0.1_7binstruct.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
+    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.1_0.1_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
+    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "adamw"),
+    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28_7binstruct.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
+    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "schedulefree"),
+    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
+    ("run_rpg_7b_fkl1e-4_schedulefree.sh", "rpg", "rpg_fkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
+    ("run_rpg_7b_fkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_fkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
+    ("run_rpg_7b_rkl1e-4.sh", "rpg", "rpg_rkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
+    ("run_rpg_7b_rkl1e-4_7binstruct.sh", "rpg", "rpg_rkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
+    ("run_rpg_7b_rkl1e-4_rf.sh", "rpg", "rpg_reinforce_hardclip_rkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
+    ("run_rpg_7b_rkl1e-4_rf_clip_ppo.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "adamw"),
+    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.1_0.1_7binstruct.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
+    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.1_0.1_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
+    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "adamw"),
+    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28_7binstruct.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
+    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "schedulefree"),
+    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
+    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_schedulefree.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "schedulefree"),
+    ("run_rpg_7b_rkl1e-4_schedulefree.sh", "rpg", "rpg_rkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
+    ("run_rpg_7b_rkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_rkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
+    ("run_rpg_7b_schedulefree.sh", "rpg", "rpg_ufkl", 0.0, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
+    ("run_rpg_7b_ufkl1e-4.sh", "rpg", "rpg_ufkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
+    ("run_rpg_7b_ufkl1e-4_7binstruct.sh", "rpg", "rpg_ufkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
+    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.1_0.1_7binstruct.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
+    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.1_0.1_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
+    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "adamw"),
+    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28_7binstruct.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
+    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "schedulefree"),
+    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
+    ("run_rpg_7b_ufkl1e-4_schedulefree.sh", "rpg", "rpg_ufkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
+    ("run_rpg_7b_ufkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_ufkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
+    ("run_rpg_7b_urkl1e-4.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
+    ("run_rpg_7b_urkl1e-4_7binstruct.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
+    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.1_0.1_7binstruct.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
+    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.1_0.1_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
+    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "adamw"),
+    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_7binstruct.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
+    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "schedulefree"),
+    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
+    ("run_rpg_7b_urkl1e-4_schedulefree.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
+    ("run_rpg_7b_urkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
+]  # fmt: skip
+
+# The paper's Qwen3-4B runs (SPEC §7.5, §8): method stem → (adv_estimator, loss_mode, β, clip low/high,
+# verl KL loss, dynamic sampling, overlong). Every method exists at 2K, 4K and 8K (`run_<stem>_<ctx>k.sh`).
+PAPER_4B = {
+    "grpo": ("grpo", "vanilla", None, (0.2, 0.2), ("low_var_kl", 1e-3), False, False),
+    "dapo": ("grpo", "vanilla", None, (0.2, 0.28), None, True, True),
+    "rfpp": ("reinforce_plus_plus", "vanilla", None, (0.2, 0.28), ("kl", 1e-4), True, True),
+    "rfppb": ("reinforce_plus_plus_baseline", "vanilla", None, (0.2, 0.28), ("kl", 1e-4), True, True),
+    "rpg_ufkl": ("rpg", "rpg_ufkl", 1e-4, (0.2, 0.28), None, True, True),
+    "rpg_urkl": ("rpg", "rpg_urkl", 1e-4, (0.2, 0.28), None, True, True),
+    "rpg_reinforce_ufkl": ("rpg", "rpg_reinforce_ufkl", 1e-4, (0.2, 0.28), None, True, True),
+    "rpg_reinforce_urkl": ("rpg", "rpg_reinforce_urkl", 1e-4, (0.2, 0.28), None, True, True),
+}
+ABLATIONS_4B = {  # Fig. 8 (2K clip) and Fig. 9 (4K β and reference): script → (loss_mode, β, clip, ctx, reference)
+    "run_rpg_reinforce_ufkl_2k_clip0.1_0.1.sh": ("rpg_reinforce_ufkl", 1e-4, (0.1, 0.1), 2, "iterative"),
+    "run_rpg_reinforce_urkl_2k_clip0.1_0.1.sh": ("rpg_reinforce_urkl", 1e-4, (0.1, 0.1), 2, "iterative"),
+    "run_rpg_reinforce_ufkl_4k_beta1e-3.sh": ("rpg_reinforce_ufkl", 1e-3, (0.2, 0.28), 4, "iterative"),
+    "run_rpg_reinforce_ufkl_4k_beta1e-3_noiterref.sh": ("rpg_reinforce_ufkl", 1e-3, (0.2, 0.28), 4, "frozen"),
+}
+ALL_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B + SCRIPTS_CPU
+
+
+def _is_schedulefree(script: Path) -> bool:
+    return "schedulefree" in script.name
+
+
+def _optim_dir(script: Path, stub: str) -> str:
+    """The real optim folder once schedule-free support exists; the stub before (so the rest is still checked)."""
+    return "" if schedulefree_available() or not _is_schedulefree(script) else stub
+
+
+def _check(cfg, adv, loss, beta, clip, kl, dynamic, overlong):
+    actor = cfg.actor_rollout_ref.actor
+    assert cfg.algorithm.adv_estimator == adv
+    assert actor.policy_loss.loss_mode == loss
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (*clip, 10.0)
+    if beta is None:
+        assert actor.policy_loss._target_ == "verl.workers.config.PolicyLossConfig"
+    else:
+        assert actor.policy_loss._target_ == "rpg.RPGPolicyLossConfig"
+        assert actor.policy_loss.kl_coef == beta
+    if kl:  # verl's own KL loss against its frozen reference model (GRPO, REINFORCE++)
+        assert (actor.use_kl_loss, actor.kl_loss_type, actor.kl_loss_coef) == (True, *kl)
+    else:  # DAPO: no KL; RPG: the KL is in the loss, against π_old (iterative reference), no reference model
+        assert actor.use_kl_loss is False
+    assert cfg.algorithm.filter_groups.enable is dynamic
+    assert cfg.reward.reward_kwargs.overlong_buffer_cfg.enable is overlong
+    assert cfg.algorithm.use_kl_in_reward is False
+
+
+# --------------------------------------------------------------------------------------------------------------
+def test_the_authors_60_script_names_exist():
+    assert len(AUTHORS_7B) == 60
+    assert sorted(p.name for p in SCRIPTS_7B) == sorted(row[0] for row in AUTHORS_7B)
+
+
+def test_every_4b_paper_row_has_a_script():
+    expected = {f"run_{stem}_{ctx}k.sh" for stem in PAPER_4B for ctx in (2, 4, 8)} | set(ABLATIONS_4B)
+    assert sorted(p.name for p in SCRIPTS_4B) == sorted(expected)
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_script_passes_dry_run(script: Path, stub_optim_dir: str):
+    """Composes + validates (verl's checks, dataclasses, recipe and RPG rules). A schedule-free script stops with
+    the clear error until recipe/rpg/optim/schedulefree.sh exists; its remaining config is validated regardless."""
+    if _is_schedulefree(script) and not schedulefree_available():
+        proc = run_script(script, RPG_PRINT_ARGV="1")
+        assert proc.returncode != 0 and proc.stdout == ""
+        assert SCHEDULEFREE_MISSING in proc.stderr and "refusing to run AdamW" in proc.stderr
+    v = validated(script, _optim_dir(script, stub_optim_dir))
+    assert v.actor is not None and v.rollout is not None
+
+
+@pytest.mark.parametrize("row", AUTHORS_7B, ids=lambda r: r[0])
+def test_7b_values_match_spec_table(row, stub_optim_dir: str):
+    name, adv, loss, beta, low, high, lr, kl, dynamic, overlong, model, factor, optim = row
+    script = RECIPE / "7b" / name
+    cfg = validated(script, _optim_dir(script, stub_optim_dir)).config
+    _check(cfg, adv, loss, beta, (low, high), kl, dynamic, overlong)
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.optim.lr == lr
+    assert cfg.actor_rollout_ref.model.path == model
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (2048, 2048)
+    assert actor.ppo_max_token_len_per_gpu == factor * 4096
+    assert cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == factor * 4096
+    assert [Path(f).name for f in cfg.data.val_files] == ["amc-2023.parquet", "aime-2024.parquet", "aime-2025.parquet"]
+    assert (_is_schedulefree(script), optim) in ((True, "schedulefree"), (False, "adamw"))
+    if optim == "adamw":
+        assert (actor.optim.optimizer_impl, actor.optim.optimizer) == ("torch.optim", "AdamW")
+    elif schedulefree_available():  # never silently AdamW
+        assert (actor.optim.optimizer_impl, actor.optim.optimizer) != ("torch.optim", "AdamW")
+
+
+@pytest.mark.parametrize("stem", sorted(PAPER_4B))
+@pytest.mark.parametrize("ctx", (2, 4, 8))
+def test_4b_values_match_paper(stem: str, ctx: int):
+    cfg = validated(RECIPE / "4b" / f"run_{stem}_{ctx}k.sh").config
+    adv, loss, beta, clip, kl, dynamic, overlong = PAPER_4B[stem]
+    _check(cfg, adv, loss, beta, clip, kl, dynamic, overlong)
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6  # paper App. H: 1e-6 for every method
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3-4B"
+    assert cfg.data.max_prompt_length == cfg.data.max_response_length == ctx * 1024
+    assert cfg.reward.reward_kwargs.max_resp_len == ctx * 1024
+    assert cfg.reward.reward_kwargs.overlong_buffer_cfg.len == ctx * 256
+    sets = ["aime-2024", "aime-2025", "amc-2023"] + (["minerva-math", "olympiadbench"] if ctx == 4 else [])
+    assert [Path(f).stem for f in cfg.data.val_files] == sets  # Table 7 (Minerva, OlympiadBench) is 4K only
+
+
+@pytest.mark.parametrize("name", sorted(ABLATIONS_4B))
+def test_4b_ablations(name: str):
+    v = validated(RECIPE / "4b" / name)
+    loss, beta, clip, ctx, reference = ABLATIONS_4B[name]
+    cfg, actor = v.config, v.config.actor_rollout_ref.actor
+    assert (actor.policy_loss.loss_mode, v.rpg.kl_coef, v.rpg.reference) == (loss, beta, reference)
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == clip
+    assert cfg.data.max_response_length == ctx * 1024
+    # no iterative reference: verl builds the frozen reference model (use_kl_loss) but adds no KL itself (coef 0)
+    assert (actor.use_kl_loss, actor.kl_loss_coef) == ((True, 0.0) if reference == "frozen" else (False, 0.0))
+    assert (v.ref is not None) is (reference == "frozen")
+
+
+def test_common_paper_hyperparameters():
+    """SPEC §7.5 / §9.2 settings shared by every script (checked on one; they come from one place, common.sh)."""
+    v = validated(RECIPE / "4b" / "run_rpg_reinforce_urkl_8k.sh")
+    cfg, actor, rollout = v.config, v.config.actor_rollout_ref.actor, v.config.actor_rollout_ref.rollout
+    assert (cfg.data.train_batch_size, rollout.n, actor.ppo_mini_batch_size, actor.ppo_epochs) == (512, 16, 32, 1)
+    assert (actor.loss_agg_mode, actor.entropy_coeff, actor.use_dynamic_bsz) == ("token-mean", 0, True)
+    assert (actor.optim.lr_warmup_steps, actor.optim.weight_decay, actor.optim.clip_grad) == (10, 0.1, 1.0)
+    assert actor.optim.lr_scheduler_type == "constant"
+    assert (rollout.name, rollout.temperature, rollout.top_p, rollout.top_k) == ("vllm", 1.0, 1.0, -1)
+    val = rollout.val_kwargs
+    assert (val.n, val.do_sample, val.temperature, val.top_p, val.top_k) == (1, True, 1.0, 1.0, -1)
+    model = cfg.actor_rollout_ref.model
+    assert (model.use_remove_padding, model.enable_gradient_checkpointing) == (True, True)
+    t = cfg.trainer
+    assert (t.total_training_steps, t.test_freq, t.save_freq, t.val_before_train) == (400, 10, 20, True)
+    assert list(t.logger) == ["console", "wandb"]
+    assert (cfg.algorithm.filter_groups.metric, cfg.algorithm.filter_groups.max_inflight_gen_batches) == ("acc", 3)
+    assert cfg.reward.reward_manager.name == "dapo"
+    assert (cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name) == (
+        "pkg://rpg.data.reward",
+        "compute_score",
+    )
+    assert cfg.reward.reward_kwargs.overlong_buffer_cfg.penalty_factor == 1.0
+    assert cfg.data.truncation == "left"
+    assert v.ref is None and v.rpg.reference == "iterative"  # iterative reference: no reference model is built
+    assert cfg.trainer.experiment_name == "run_rpg_reinforce_urkl_8k"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bad input fails in the dry run, with a message naming what is wrong
+# --------------------------------------------------------------------------------------------------------------
+BAD = [  # (extra overrides, text the error must contain)
+    (["actor_rollout_ref.actor.clip_ratio_lo=0.1"], "clip_ratio_lo"),  # typo in a verl key: Hydra rejects it
+    (["+actor_rollout_ref.actor.policy_loss.kl_coeff=1e-3"], "kl_coeff"),  # typo in an added key: dataclass rejects
+    (["+actor_rollout_ref.actor.policy_loss.kl_coef=-1"], "kl_coef"),
+    (["+actor_rollout_ref.actor.policy_loss.reference=frozn"], "reference"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_kl"], "rpg_reinforce_urkl"),  # lists valid names
+    (["algorithm.adv_estimator=rpg_mean"], "rpg_batchmean"),
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=1e-3"], "use_kl_loss=False"),
+    (["actor_rollout_ref.actor.loss_agg_mode=token_mean"], "token_mean"),
+    (["+reward.reward_kwargs.overlong_buffer_cfg.lenght=3"], "lenght"),
+    (["reward.reward_manager.name=dapoo"], "dapoo"),
+    (["algorithm.rollout_correction.bypass_mode=True"], "bypass_mode"),
+    (["+actor_rollout_ref.model.override_config_typo=1"], "override_config_typo"),
+]
+
+
+@pytest.mark.parametrize("extra, needle", BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_override_fails_with_clear_message(extra: list, needle: str):
+    from rpg.launch import compose_and_validate
+
+    base = overrides(RECIPE / "4b" / "run_rpg_reinforce_urkl_2k.sh")
+    with pytest.raises(Exception) as info:
+        compose_and_validate(base + extra)
+    message = f"{info.value} {info.value.__cause__!r}"
+    assert needle in message, message
+
+
+def test_overrides_can_reset_keys_common_sh_added():
+    """`+key=value` on the command line works for keys common.sh already added (rpg.launch treats + as ++)."""
+    from rpg.launch import compose_and_validate
+
+    base = overrides(RECIPE / "4b" / "run_rpg_reinforce_urkl_2k.sh")
+    v = compose_and_validate(base + ["+actor_rollout_ref.actor.policy_loss.kl_coef=1e-3"])
+    assert v.rpg.kl_coef == 1e-3
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Shell-level behaviour (bash only, fast)
+# --------------------------------------------------------------------------------------------------------------
+def _script(tmp_path: Path, body: str) -> Path:
+    """A throwaway experiment script in recipe/rpg/<tmp>/ layout: it sources the real common.sh."""
+    p = tmp_path / "run_probe.sh"
+    p.write_text(f'source "{RECIPE}/common.sh"\n{body}\nrpg_run "$@"\n')
+    return p
+
+
+@pytest.mark.parametrize(
+    "env, body, needle",
+    [
+        ({}, "preset_rpg_reinforce kl", "divergence 'kl' is not valid; choose one of: fkl rkl ufkl urkl"),
+        ({}, "setup_qwen3_4b 3", "choose one of: 2 4 8"),
+        ({}, "setup_authors_7b base", "choose one of: math instruct"),
+        ({"RPG_PROFILE": "tpu"}, "", "RPG_PROFILE='tpu' is not valid; choose one of: gpu cpu"),
+        ({"OPTIM": "sgd"}, "", "OPTIM='sgd' is not valid; choose one of: adamw schedulefree"),
+        ({"RPG_OPTIM_DIR": "/nonexistent"}, "OPTIM=schedulefree", SCHEDULEFREE_MISSING),
+    ],
+)
+def test_shell_errors_are_clear(tmp_path: Path, env: dict, body: str, needle: str):
+    proc = run_script(_script(tmp_path, body), RPG_PRINT_ARGV="1", **env)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+
+
+def test_order_of_overrides_and_plugin_env(tmp_path: Path):
+    """common < script (RPG_SCRIPT_OVERRIDES) < command line; the plugin is loaded by every process."""
+    body = 'preset_dapo\nRPG_SCRIPT_OVERRIDES=(trainer.test_freq=5)'
+    proc = run_script(_script(tmp_path, body), "trainer.test_freq=7", RPG_PRINT_ARGV="1",
+                      VERL_USE_EXTERNAL_MODULES="rpg.cpu.platform")  # fmt: skip
+    data = json.loads(proc.stdout)
+    freq = [a for a in data["argv"] if a.startswith("trainer.test_freq=")]
+    assert freq == ["trainer.test_freq=10", "trainer.test_freq=5", "trainer.test_freq=7"]
+    assert data["env"]["VERL_USE_EXTERNAL_MODULES"] == "rpg.cpu.platform,rpg.verl_plugin"
+    assert data["ray_address"] == ""
+
+
+def _fake_executable(path: Path, name: str) -> Path:
+    """An executable that records its argv (and VERL_USE_EXTERNAL_MODULES) as JSON in $FAKE_OUT."""
+    exe = path / name
+    exe.write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        "json.dump({'argv': sys.argv[1:], 'plugins': os.environ.get('VERL_USE_EXTERNAL_MODULES'),"
+        " 'pythonpath': os.environ.get('PYTHONPATH', '')}, open(os.environ['FAKE_OUT'], 'w'))\n"
+    )
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return exe
+
+
+def test_local_run_invokes_rpg_launch(tmp_path: Path):
+    out = tmp_path / "out.json"
+    fake_python = _fake_executable(tmp_path, "python")
+    script = RECIPE / "4b" / "run_dapo_2k.sh"
+    proc = run_script(script, "trainer.test_freq=3", PYTHON=str(fake_python), FAKE_OUT=str(out))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(out.read_text())
+    assert rec["argv"][:2] == ["-m", "rpg.launch"] and rec["argv"][-1] == "trainer.test_freq=3"
+    assert rec["argv"][2:] == overrides(script) + ["trainer.test_freq=3"]
+    assert rec["plugins"] == "rpg.verl_plugin" and rec["pythonpath"].split(":")[0] == str(REPO)
+
+
+def test_ray_address_submits_a_ray_job(tmp_path: Path):
+    out = tmp_path / "out.json"
+    _fake_executable(tmp_path, "ray")
+    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(out), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", "trainer.nnodes=2", **env)
+    assert proc.returncode == 0, proc.stderr
+    argv = json.loads(out.read_text())["argv"]
+    sep = argv.index("--")
+    opts, entry = argv[:sep], argv[sep + 1 :]
+    assert opts[:2] == ["job", "submit"] and opts[opts.index("--address") + 1] == "http://head:8265"
+    assert opts[opts.index("--working-dir") + 1] == str(REPO)
+    runtime_env = json.loads(opts[opts.index("--runtime-env-json") + 1])
+    assert runtime_env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == "rpg.verl_plugin"
+    assert runtime_env["py_modules"] == [str(REPO / "rpg")] and ".venv" in runtime_env["excludes"]
+    assert entry[:3] == ["python3", "-m", "rpg.launch"] and entry[-1] == "trainer.nnodes=2"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# End to end: the shell script starts `python -m rpg.launch` with RPG_DRY_RUN=1 (no Ray)
+# --------------------------------------------------------------------------------------------------------------
+def test_real_dry_run_prints_resolved_yaml(tmp_path: Path):
+    script = RECIPE / "4b" / "run_rpg_reinforce_ufkl_4k_beta1e-3_noiterref.sh"  # RPG loss + a reference model
+    import subprocess
+
+    from recipe_helpers import clean_env
+
+    proc = subprocess.run(["bash", str(script)], env=clean_env(RPG_DRY_RUN="1"), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = yaml.safe_load(proc.stdout)  # stdout is exactly the resolved config
+    expected = validated(script).config.actor_rollout_ref.actor.policy_loss
+    for key in ("_target_", "loss_mode", "kl_coef", "reference"):
+        assert cfg["actor_rollout_ref"]["actor"]["policy_loss"].get(key) == expected.get(key)
+    assert cfg["trainer"]["experiment_name"] == script.stem
+    assert cfg["actor_rollout_ref"]["rollout"]["n"] == 16
+    assert list(tmp_path.iterdir()) == []  # a dry run leaves nothing behind (no Hydra outputs/ dir)
+
+
+def test_real_dry_run_rejects_bad_override(tmp_path: Path):
+    import subprocess
+
+    from recipe_helpers import clean_env
+
+    script = RECIPE / "4b" / "run_rpg_urkl_2k.sh"
+    args = ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001"]
+    proc = subprocess.run(["bash", str(script), *args], env=clean_env(RPG_DRY_RUN="1"), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert "invalid RPG configuration" in proc.stderr and "use_kl_loss=False" in proc.stderr

@@ -1,0 +1,246 @@
+"""Unit tests of `rpg.launch`: the RPG rules (`validate_rpg`), the recipe rules (`validate_recipe`), the verl
+dataclass builds, override normalisation and the dry-run switch. Configs are verl's real `ppo_trainer`, composed once
+and copied per test."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from omegaconf import OmegaConf, open_dict
+
+from rpg.config import BYPASS_ERROR, RPGPolicyLossConfig
+from rpg.launch import (
+    RecipeConfigError,
+    build_verl_configs,
+    compose_config,
+    dry_run_requested,
+    normalise_overrides,
+    validate_recipe,
+    validate_rpg,
+)
+
+MINIMAL = [  # the smallest config verl's validate_config accepts without a GPU-specific setting
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.actor.use_dynamic_bsz=True",
+    "algorithm.adv_estimator=rpg",
+    "actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_urkl",
+    "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
+    "+actor_rollout_ref.actor.policy_loss.kl_coef=1e-4",
+    "+actor_rollout_ref.actor.policy_loss.reference=iterative",
+    "reward.reward_manager.name=dapo",
+    "+reward.reward_kwargs.max_resp_len=512",
+    "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+    "+reward.reward_kwargs.overlong_buffer_cfg.len=128",
+    "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+]
+
+
+@pytest.fixture(scope="module")
+def base():
+    return compose_config(MINIMAL)
+
+
+def cfg_with(base, **updates):
+    """A copy of `base` with dotted keys (`__` stands for `.`) set; new keys are allowed."""
+    cfg = copy.deepcopy(base)
+    with open_dict(cfg):
+        for key, value in updates.items():
+            OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
+    return cfg
+
+
+ACTOR = "actor_rollout_ref__actor__"
+PL = ACTOR + "policy_loss__"
+
+
+def test_rpg_config_is_returned(base):
+    settings = validate_rpg(base)
+    assert isinstance(settings, RPGPolicyLossConfig)
+    assert (settings.loss_mode, settings.kl_coef, settings.reference) == ("rpg_reinforce_urkl", 1e-4, "iterative")
+
+
+def test_both_target_spellings_are_accepted(base):
+    cfg = cfg_with(base, **{PL + "_target_": "rpg.config.RPGPolicyLossConfig"})
+    assert isinstance(validate_rpg(cfg), RPGPolicyLossConfig)
+
+
+@pytest.mark.parametrize("loss, adv", [("vanilla", "grpo"), ("vanilla", "reinforce_plus_plus"), ("gspo", "grpo")])
+def test_non_rpg_losses_need_no_rpg_config(base, loss, adv):
+    cfg = cfg_with(base, **{PL + "_target_": "verl.workers.config.PolicyLossConfig", PL + "loss_mode": loss})
+    cfg.algorithm.adv_estimator = adv
+    with open_dict(cfg):  # a plain PolicyLossConfig has no RPG fields
+        del cfg.actor_rollout_ref.actor.policy_loss["kl_coef"], cfg.actor_rollout_ref.actor.policy_loss["reference"]
+    assert validate_rpg(cfg) is None
+
+
+def test_unregistered_loss_lists_valid_names(base):
+    cfg = cfg_with(base, **{PL + "loss_mode": "rpg_reinforce_kl"})
+    with pytest.raises(RecipeConfigError, match="not a registered policy loss") as info:
+        validate_rpg(cfg)
+    for name in ("rpg_reinforce_urkl", "rpg_ufkl", "rpg_reinforce_hardclip_rkl", "grpo_wk3", "vanilla"):
+        assert name in str(info.value)
+
+
+def test_unregistered_estimator_lists_valid_names(base):
+    cfg = cfg_with(base, algorithm__adv_estimator="rpg_group")
+    with pytest.raises(RecipeConfigError, match="algorithm.adv_estimator='rpg_group'") as info:
+        validate_rpg(cfg)
+    assert "rpg_batchmean" in str(info.value) and "grpo" in str(info.value)
+
+
+def test_rpg_loss_needs_rpg_policy_loss_target(base):
+    cfg = cfg_with(base, **{PL + "_target_": "verl.workers.config.PolicyLossConfig"})
+    with pytest.raises(RecipeConfigError, match=r"policy_loss._target_=rpg.RPGPolicyLossConfig"):
+        validate_rpg(cfg)
+
+
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [("branch_on", "sign", "branch_on"), ("kl_coef", -1.0, "kl_coef"), ("reference", "frozn", "reference")],
+)
+def test_invalid_rpg_values_fail(base, key, value, needle):
+    cfg = cfg_with(base, **{PL + key: value})
+    with pytest.raises(Exception) as info:
+        validate_rpg(cfg)
+    assert needle in f"{info.value} {info.value.__cause__!r}"
+
+
+def test_bypass_mode_is_refused(base):
+    cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True)
+    with pytest.raises(RecipeConfigError) as info:
+        validate_rpg(cfg)
+    assert BYPASS_ERROR in str(info.value)
+
+
+def test_kl_in_reward_is_refused(base):
+    cfg = cfg_with(base, algorithm__use_kl_in_reward=True)
+    with pytest.raises(RecipeConfigError, match="use_kl_in_reward=True cannot be combined with an RPG loss"):
+        validate_rpg(cfg)
+
+
+def test_iterative_reference_refuses_a_second_kl(base):
+    cfg = cfg_with(base, **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 1e-3})
+    with pytest.raises(RecipeConfigError, match="on top of the RPG KL"):
+        validate_rpg(cfg)
+    # a reference model that adds nothing is allowed (wasteful, not wrong)
+    assert validate_rpg(cfg_with(base, **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0})) is not None
+
+
+@pytest.mark.parametrize(
+    "updates",
+    [
+        {PL + "reference": "frozen"},
+        {PL + "reference": "periodic", PL + "ref_refresh_steps": 16},
+        {PL + "loss_mode": "grpo_wk3"},
+    ],
+    ids=["frozen", "periodic", "grpo_wk3"],
+)
+def test_reference_model_modes_need_use_kl_loss_with_zero_coef(base, updates):
+    with pytest.raises(RecipeConfigError, match="needs verl's reference model"):
+        validate_rpg(cfg_with(base, **updates))  # use_kl_loss=False
+    with pytest.raises(RecipeConfigError, match="needs verl's reference model"):
+        validate_rpg(cfg_with(base, **updates, **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 1e-3}))
+    ok = validate_rpg(cfg_with(base, **updates, **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0}))
+    assert isinstance(ok, RPGPolicyLossConfig)
+
+
+def test_all_violations_are_reported_together(base):
+    cfg = cfg_with(
+        base,
+        algorithm__use_kl_in_reward=True,
+        algorithm__rollout_correction__bypass_mode=True,
+        **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 1e-3},
+    )
+    with pytest.raises(RecipeConfigError) as info:
+        validate_rpg(cfg)
+    assert str(info.value).count("\n- ") == 3
+
+
+# --------------------------------------------------------------------------------------------------------------
+def test_recipe_rules_accept_the_base(base):
+    validate_recipe(base)
+
+
+@pytest.mark.parametrize(
+    "updates, needle",
+    [
+        ({"algorithm__filter_groups__enable": True, "trainer__use_v1": False}, "needs the v1 trainer"),
+        ({"reward__reward_kwargs__max_resp_len": 1024}, "must equal data.max_response_length=512"),
+        ({"reward__reward_kwargs__overlong_buffer_cfg__len": 600}, "must be an integer in (0, max_resp_len=512]"),
+        ({"reward__reward_kwargs__overlong_buffer_cfg__lenght": 3}, "unknown keys ['lenght']"),
+        ({"reward__reward_manager__name": "naive"}, "only read by the 'dapo' reward manager"),
+        ({"reward__reward_manager__name": "dapoo"}, "not a registered reward manager"),
+        ({"reward__reward_manager__source": "pip"}, "choose 'register' or 'importlib'"),
+        (
+            {"reward__custom_reward_function__path": "pkg://rpg.data.reward",
+             "reward__custom_reward_function__name": "nope"},  # fmt: skip
+            "cannot be loaded",
+        ),
+    ],
+)
+def test_recipe_rules(base, updates, needle):
+    with pytest.raises(RecipeConfigError) as info:
+        validate_recipe(cfg_with(base, **updates))
+    assert needle in str(info.value)
+
+
+def test_overlong_buffer_off_needs_no_length(base):
+    validate_recipe(cfg_with(base, reward__reward_kwargs__overlong_buffer_cfg__enable=False,
+                             reward__reward_kwargs__max_resp_len=1))  # fmt: skip
+
+
+def test_custom_reward_function_of_the_recipe_loads(base):
+    validate_recipe(
+        cfg_with(base, reward__custom_reward_function__path="pkg://rpg.data.reward",
+                 reward__custom_reward_function__name="compute_score")  # fmt: skip
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+def test_verl_dataclasses_are_built(base):
+    v = build_verl_configs(base)
+    assert v.actor.policy_loss.kl_coef == 1e-4 and isinstance(v.actor.policy_loss, RPGPolicyLossConfig)
+    assert v.ref is None and v.model is None  # no reference without a KL loss; hub model ids are not downloaded
+    assert v.rollout.name == "vllm" and v.algorithm.adv_estimator == "rpg"
+
+
+def test_reference_is_built_like_the_worker_builds_it(base):
+    v = build_verl_configs(cfg_with(base, **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0}))
+    assert v.ref is not None and v.ref.use_dynamic_bsz is True
+    assert v.ref.ppo_mini_batch_size == base.actor_rollout_ref.actor.ppo_mini_batch_size
+
+
+@pytest.mark.parametrize(
+    "updates, needle",
+    [
+        ({"actor_rollout_ref__model__not_a_field": 1}, "not_a_field"),
+        ({"actor_rollout_ref__rollout__not_a_field": 1}, "not_a_field"),
+        ({"algorithm__not_a_field": 1}, "not_a_field"),
+        # bad value types: hydra's instantiate does not check them, rpg.launch does
+        ({ACTOR + "clip_ratio_c": "ten"}, "actor_rollout_ref.actor.clip_ratio_c='ten' has type str"),
+        ({"actor_rollout_ref__rollout__temperature": "hot"}, "rollout.temperature='hot'"),
+        ({PL + "kl_coef": "1e-4x"}, "kl_coef"),
+        ({ACTOR + "use_dynamic_bsz": False}, "ppo_micro_batch_size"),  # verl's own validate_config
+    ],
+)
+def test_verl_dataclass_errors_surface(base, updates, needle):
+    with pytest.raises(Exception) as info:
+        build_verl_configs(cfg_with(base, **updates))
+    assert needle in f"{info.value} {info.value.__cause__!r}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+def test_plus_overrides_become_add_or_override():
+    assert normalise_overrides(["+a.b=1", "++c=2", "d=3", "~e"]) == ["++a.b=1", "++c=2", "d=3", "~e"]
+
+
+@pytest.mark.parametrize("value, expected", [("", False), ("0", False), ("false", False), ("1", True), ("TRUE", True)])
+def test_dry_run_switch(value, expected):
+    assert dry_run_requested({"RPG_DRY_RUN": value}) is expected
+    assert dry_run_requested({}) is False
+
+
+def test_dry_run_switch_rejects_garbage():
+    with pytest.raises(RecipeConfigError, match="RPG_DRY_RUN='maybe' is not valid"):
+        dry_run_requested({"RPG_DRY_RUN": "maybe"})
