@@ -1,0 +1,329 @@
+"""Schedule-free AdamW for the RPG recipes, with one consistent parameter set per role (SPEC §7.5, §10.7, §11 D16).
+
+A schedule-free optimizer (`schedulefree.AdamWScheduleFree`, Defazio et al. 2024) keeps two parameter sets in the
+same tensors: the *iterate* y, at which gradients are taken (``optimizer.train()``), and the *average* x, the point
+that is meant to be evaluated and shipped (``optimizer.eval()``). The authors' code computes ``old_log_prob`` at x and
+the update at y, and samples rollouts and validation with whichever set was loaded last (y), so the PPO/RPG ratio
+``π_θ/π_old`` is not 1 on the first micro-batch and π_old is not the sampling policy (SPEC §11 D16). Here:
+
+=============================================  ======  =============================================================
+what                                           set     where in verl 0.9.1
+=============================================  ======  =============================================================
+rollout sampling (weights pushed to servers)   y       ``ActorRolloutRefWorker.update_weights`` (reads the params)
+``old_log_prob``                               y       ``compute_log_prob`` → ``TrainingWorker.infer_batch``
+loss / gradient / optimizer step               y       ``update_actor`` → ``train_mini_batch`` → ``optimizer_step``
+model + optimizer checkpoint shards            y       ``save_checkpoint`` (optimizer state has ``train_mode=True``)
+validation rollouts                            x       trainer ``_validate``, framed by ``on_validate_begin/end``
+HF export (``checkpoint.save_contents`` has    x       the ``huggingface/`` folder of a checkpoint
+``hf_model``: the "final model")
+=============================================  ======  =============================================================
+
+So the parameters normally hold y (the optimizer lives in train mode), which makes the first three agree by
+construction: π_old really is the sampling policy and the ratio is exactly 1 on the first micro-batch of a step.
+Only two moments load x, each one switched back exactly afterwards:
+
+* **Validation.** The rollout servers sample with whatever `update_weights` last pushed, so evaluating x means pushing
+  x before validation and y back after it. verl's v1 trainer already frames `_validate` with the hooks
+  ``on_validate_begin``/``on_validate_end``; `ScheduleFreeSyncTrainer` (verl's `PPOTrainerSync` plus those two hooks,
+  registered in verl's trainer registry as ``trainer.v1.trainer_mode=schedule_free_sync``) switches the actor to x,
+  re-syncs the servers, validates, switches back to y and re-syncs. Nothing is pushed when x == y (before the first
+  optimizer step), e.g. for ``val_before_train``.
+* **HF export.** `ScheduleFreeActorRolloutRefWorker.save_checkpoint` writes the training state (model shards,
+  optimizer, extra) at y, then, only if ``hf_model`` is in ``save_contents``, writes the ``huggingface/`` export at x.
+  A resumed run therefore restores y and the optimizer state (``z``, ``exp_avg_sq``, ``k``, ``weight_sum``,
+  ``lr_max``, ``train_mode``) and continues bit-exactly. (Offline tools that merge the *sharded* model files, e.g.
+  ``verl.model_merger``, produce y; use the ``huggingface/`` folder for the averaged model.)
+
+Switching back to y restores a copy of y taken before the switch (`ScheduleFreeIterates`), instead of the
+optimizer's inverse interpolation, whose floating-point round-off would make the continued run differ from a resumed
+one. The copy lives on CPU (one parameter shard per rank) only while x is loaded.
+
+Why these adapters: verl 0.9.1 already builds any optimizer class from Hydra (``optim.optimizer_impl`` +
+``optim.optimizer``, ``verl.workers.config.optimizer.build_optimizer``), so the optimizer itself needs no code; it
+has no notion of parameter sets, so the two moments above need hooks. The worker is an `ActorRolloutRefWorker`
+subclass (one new remote method, `set_schedule_free_weights`, plus `init_model`/`save_checkpoint`/`load_checkpoint`
+extended); the trainer is a registered `PPOTrainerSync` subclass that uses verl's own validation hooks and swaps the
+worker class in ``_init_resource_pool_mgr``. No verl file or function is patched.
+
+Selecting it (``recipe/rpg/optim/schedulefree.sh`` does this; the optimizer gets verl's ``lr``, ``weight_decay`` and
+``betas``, warm-up stays verl's LambdaLR as in the authors' scripts, AdamWScheduleFree's own ``warmup_steps`` keeps
+its default 0)::
+
+    VERL_USE_EXTERNAL_MODULES=rpg.schedule_free      # registers the trainer in every process (appended to the list)
+    actor_rollout_ref.actor.optim.optimizer_impl=schedulefree
+    actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree
+    trainer.v1.trainer_mode=schedule_free_sync
+
+`check_config` validates that combination (launcher dry runs call it). Supported: the v1 synchronous trainer with
+the FSDP/FSDP2 engine; async trainer modes (rollouts from stale parameters) and the legacy trainer are refused.
+"""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+import ray
+import torch
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+__all__ = [
+    "TRAINER_MODE",
+    "ITERATE",
+    "AVERAGE",
+    "ScheduleFreeIterates",
+    "ScheduleFreeActorRolloutRefWorker",
+    "ScheduleFreeSyncTrainer",
+    "is_schedule_free",
+    "optimizer_class",
+    "check_config",
+]
+
+TRAINER_MODE = "schedule_free_sync"
+ITERATE = "iterate"  # y: train mode — gradients, rollouts, old_log_prob, training checkpoints
+AVERAGE = "average"  # x: eval mode — validation and the HF export
+WEIGHT_SETS = (ITERATE, AVERAGE)
+SUPPORTED_STRATEGIES = ("fsdp", "fsdp2")
+
+
+def is_schedule_free(optimizer: Any) -> bool:
+    """True for a schedule-free optimizer: it has ``train()``/``eval()`` and a ``train_mode`` flag per param group."""
+    return (
+        optimizer is not None
+        and callable(getattr(optimizer, "train", None))
+        and callable(getattr(optimizer, "eval", None))
+        and all("train_mode" in group for group in getattr(optimizer, "param_groups", [{}]))
+    )
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """The rank-local storage of a parameter (the shard of an FSDP2 DTensor, the tensor itself otherwise)."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+class ScheduleFreeIterates:
+    """Which parameter set a schedule-free optimizer's parameters currently hold: y (`ITERATE`) or x (`AVERAGE`).
+
+    `use_average()` copies y to CPU and calls ``optimizer.eval()`` (x = y + (1 − 1/β1)(z − y), schedulefree's own
+    formula); `use_iterate()` copies y back bit-exactly and sets the optimizer's ``train_mode`` flags. Both return
+    whether the parameter values changed, so callers can skip re-syncing identical weights (before the first step
+    there is no ``z`` yet and x == y).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        if not is_schedule_free(optimizer):
+            raise TypeError(
+                f"{type(optimizer).__name__} is not a schedule-free optimizer (needs train()/eval() and a "
+                f"'train_mode' flag in each param group, e.g. schedulefree.AdamWScheduleFree)"
+            )
+        self.optimizer = optimizer
+        self._saved_iterate: Optional[list[torch.Tensor]] = None
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    @property
+    def current(self) -> str:
+        modes = {bool(group["train_mode"]) for group in self.optimizer.param_groups}
+        if len(modes) != 1:
+            raise RuntimeError("schedule-free param groups disagree on train_mode; the parameters are inconsistent")
+        return ITERATE if modes.pop() else AVERAGE
+
+    def has_average(self) -> bool:
+        """True once the optimizer has stepped (its state holds z), i.e. once x can differ from y."""
+        return any("z" in self.optimizer.state.get(p, {}) for p in self.params)
+
+    @torch.no_grad()
+    def use_average(self) -> bool:
+        """Load x (eval mode). Returns True if the parameter values changed."""
+        if self.current == AVERAGE:
+            return False
+        if not self.has_average():
+            self.optimizer.eval()  # flips the flags only: x == y before the first step
+            return False
+        self._saved_iterate = [_local(p).detach().to("cpu", copy=True) for p in self.params]
+        self.optimizer.eval()
+        return True
+
+    @torch.no_grad()
+    def use_iterate(self) -> bool:
+        """Load y (train mode), restoring the copy taken by `use_average` exactly. Returns True if values changed."""
+        if self.current == ITERATE:
+            return False
+        if self._saved_iterate is None:  # e.g. a checkpoint saved in eval mode by other code: schedulefree's inverse
+            changed = self.has_average()
+            self.optimizer.train()
+            return changed
+        for p, saved in zip(self.params, self._saved_iterate, strict=True):
+            _local(p).copy_(saved)
+        for group in self.optimizer.param_groups:
+            group["train_mode"] = True
+        self._saved_iterate = None
+        return True
+
+    def use(self, weights: str) -> bool:
+        """`use_iterate` or `use_average` by name (`ITERATE` | `AVERAGE`)."""
+        if weights not in WEIGHT_SETS:
+            raise ValueError(f"schedule-free weights must be one of {list(WEIGHT_SETS)}, got {weights!r}")
+        return self.use_iterate() if weights == ITERATE else self.use_average()
+
+    @contextmanager
+    def average(self) -> Iterator[bool]:
+        """Hold x inside the block, then y again (even on error). Yields whether the values changed."""
+        changed = self.use_average()
+        try:
+            yield changed
+        finally:
+            self.use_iterate()
+
+    def after_load(self) -> None:
+        """After a checkpoint load: drop any stale copy of y and make sure y is loaded."""
+        self._saved_iterate = None
+        self.use_iterate()
+
+
+class ScheduleFreeActorRolloutRefWorker(ActorRolloutRefWorker):
+    """verl's `ActorRolloutRefWorker`, with the actor's schedule-free parameter sets managed (module docstring).
+
+    With a non-schedule-free optimizer every addition is a no-op, so the class is safe for any actor.
+    """
+
+    _schedule_free: Optional[ScheduleFreeIterates] = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        super().init_model()
+        optimizer = getattr(getattr(self.actor, "engine", None), "optimizer", None) if self.actor else None
+        if is_schedule_free(optimizer):
+            self._schedule_free = ScheduleFreeIterates(optimizer)
+            self._schedule_free.use_iterate()  # schedulefree starts in eval mode; before any step this only sets flags
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_schedule_free_weights(self, weights: str) -> bool:
+        """Load the actor's `ITERATE` (y) or `AVERAGE` (x) parameters. Returns True if they changed (then the rollout
+        servers need `update_weights`). False without a schedule-free optimizer."""
+        if weights not in WEIGHT_SETS:
+            raise ValueError(f"schedule-free weights must be one of {list(WEIGHT_SETS)}, got {weights!r}")
+        if self._schedule_free is None:
+            return False
+        return self._schedule_free.use(weights)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        """Training state at y (exact resume); the ``huggingface/`` export, if configured, at x."""
+        sf = self._schedule_free
+        if sf is None:
+            return super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        if sf.current != ITERATE:
+            raise RuntimeError("save_checkpoint called while the schedule-free average x is loaded; expected y")
+        manager = self.actor.engine.checkpoint_manager
+        contents = list(manager.checkpoint_save_contents)
+        try:
+            manager.checkpoint_save_contents = [c for c in contents if c != "hf_model"]
+            super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+            if "hf_model" in contents:
+                manager.checkpoint_save_contents = ["hf_model"]
+                registered = list(manager.previous_saved_paths)
+                with sf.average():
+                    # max_ckpt_to_keep=None: this second pass must not rotate (it would delete local_path)
+                    self.actor.save_checkpoint(local_path, None, global_step, None)
+                manager.previous_saved_paths = registered  # the folder was registered once, by the first pass
+        finally:
+            manager.checkpoint_save_contents = contents
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+        if self._schedule_free is not None:
+            self._schedule_free.after_load()
+
+
+@register_trainer(TRAINER_MODE)
+class ScheduleFreeSyncTrainer(PPOTrainerSync):
+    """verl's synchronous v1 trainer; validation samples with the schedule-free average x (module docstring)."""
+
+    @property
+    def trainer_mode(self) -> str:
+        # verl's base class branches on `self.trainer_mode == "sync"` (replay buffer, TransferQueue checkpointing);
+        # this trainer *is* the sync trainer, registered under another name.
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:  # PPOTrainer.__init__ assigns the registry name; keep "sync"
+        pass
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        for role, cls in list(self.role_worker_mapping.items()):
+            if _remote_class(cls) is ActorRolloutRefWorker:
+                self.role_worker_mapping[role] = ray.remote(ScheduleFreeActorRolloutRefWorker)
+
+    def _use_weights(self, weights: str) -> None:
+        if any(self.actor_rollout_wg.set_schedule_free_weights(weights)):
+            self.checkpoint_manager.sleep_replicas()
+            self.checkpoint_manager.update_weights(self.global_steps)
+
+    def on_validate_begin(self):
+        super().on_validate_begin()
+        self._use_weights(AVERAGE)
+
+    def on_validate_end(self):
+        self._use_weights(ITERATE)
+        super().on_validate_end()
+
+
+def _remote_class(actor_cls: Any) -> Any:
+    """The user class behind ``ray.remote(cls)``."""
+    return getattr(actor_cls, "__ray_actor_class__", None)
+
+
+def optimizer_class(optim_config: Any) -> type:
+    """The class verl's `build_optimizer` will instantiate for an optimizer config (``optimizer_impl.optimizer``)."""
+    impl = optim_config.get("optimizer_impl", "torch.optim")
+    name = optim_config.get("optimizer", "AdamW")
+    try:
+        return getattr(importlib.import_module(impl), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(
+            f"actor_rollout_ref.actor.optim: cannot import optimizer {impl}.{name} ({e}); for schedule-free AdamW use "
+            f"optimizer_impl=schedulefree optimizer=AdamWScheduleFree (pip package 'schedulefree')"
+        ) from e
+
+
+def check_config(config: Any) -> bool:
+    """Validate the schedule-free settings of a full ``ppo_trainer`` config. Returns True if schedule-free is on.
+
+    Raises ValueError naming the offending key and the valid choices when the optimizer and the trainer disagree
+    (a schedule-free optimizer under verl's plain trainers would validate at y; the schedule-free trainer with AdamW
+    is almost certainly a mistake), or when the run uses a setup the adapters do not cover.
+    """
+    actor = config.actor_rollout_ref.actor
+    optimizer_is_sf = all(callable(getattr(optimizer_class(actor.optim), m, None)) for m in ("train", "eval"))
+    use_v1 = bool(config.trainer.get("use_v1", True))
+    mode = config.trainer.get("v1", {}).get("trainer_mode", "sync") if use_v1 else None
+    trainer_is_sf = mode == TRAINER_MODE
+    if optimizer_is_sf and not trainer_is_sf:
+        raise ValueError(
+            f"actor_rollout_ref.actor.optim selects a schedule-free optimizer "
+            f"({actor.optim.get('optimizer_impl')}.{actor.optim.get('optimizer')}) but "
+            f"{'trainer.use_v1=False' if not use_v1 else f'trainer.v1.trainer_mode={mode}'}: set trainer.use_v1=True "
+            f"and trainer.v1.trainer_mode={TRAINER_MODE} (rollouts, old_log_prob and updates at y, validation and "
+            f"the HF export at the average x), e.g. with OPTIM=schedulefree"
+        )
+    if trainer_is_sf and not optimizer_is_sf:
+        raise ValueError(
+            f"trainer.v1.trainer_mode={TRAINER_MODE} needs a schedule-free actor optimizer, got "
+            f"{actor.optim.get('optimizer_impl')}.{actor.optim.get('optimizer')}: set "
+            f"actor_rollout_ref.actor.optim.optimizer_impl=schedulefree optimizer=AdamWScheduleFree, or use "
+            f"trainer.v1.trainer_mode=sync for AdamW"
+        )
+    if optimizer_is_sf and actor.strategy not in SUPPORTED_STRATEGIES:
+        raise ValueError(
+            f"schedule-free support covers actor_rollout_ref.actor.strategy in {list(SUPPORTED_STRATEGIES)}, "
+            f"got {actor.strategy!r}"
+        )
+    return optimizer_is_sf
