@@ -1,0 +1,134 @@
+#!/usr/bin/env python
+"""End-to-end CPU measurements with verl's real trainer on the tiny task (run them one at a time; each takes minutes).
+
+    python benchmarks/e2e_cpu_runs.py compare   [--steps 50] [--seed 0] [--out artifacts/cpu-compare]
+                                                [--reuse rpg_reinforce_urkl=artifacts/demo/metrics.jsonl]
+    python benchmarks/e2e_cpu_runs.py step-time [--steps 12] [--seed 0] [--out artifacts/bench]
+
+``compare``: RPG-REINFORCE-URKL, GRPO and DAPO (recipe/rpg/cpu/run_*.sh, i.e. each method's GPU recipe with only the
+sizes changed by the CPU profile) with the same seed, steps, data and validation (before training and every 10 steps,
+4 samples per held-out prompt), then one figure and a Last/Best table with scripts/report.py, and ``summary.json`` with
+validation accuracy before/after and wall time per method.
+
+``step-time``: RPG-REINFORCE-URKL with the iterative reference (π_ref = π_old: no reference model, no
+``timing_s/ref``) against the frozen reference (verl's reference worker computes ``ref_log_prob`` every step:
+``reference=frozen``, ``use_kl_loss=True``, ``kl_loss_coef=0``). No validation and no group filtering, so every step
+does the same work; reports the mean ``timing_s/step`` over steps >= 3 and the ratio, to ``step_time.json``.
+
+Outputs are written atomically; per-run console logs and metrics (verl's file logger) stay next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipe" / "rpg" / "cpu"
+COMPARE = {"rpg_reinforce_urkl": "run_rpg_reinforce_urkl.sh", "grpo": "run_grpo.sh", "dapo": "run_dapo.sh"}
+FROZEN_REF = ["+actor_rollout_ref.actor.policy_loss.reference=frozen", "actor_rollout_ref.actor.use_kl_loss=True",
+              "actor_rollout_ref.actor.kl_loss_coef=0.0"]
+STEP_TIME = {"iterative": [], "frozen": FROZEN_REF}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def run(script: str, name: str, out: Path, env_update: dict, overrides: list[str]) -> tuple[list[dict], float]:
+    """One trainer run; returns (file-logger records, wall seconds). Raises with the log tail on failure."""
+    metrics, console = out / f"{name}.jsonl", out / f"{name}.console.log"
+    metrics.unlink(missing_ok=True)
+    env = dict(os.environ, EXP_NAME=name, VERL_FILE_LOGGER_PATH=str(metrics), **env_update)
+    t0 = time.time()
+    print(f"[e2e_cpu_runs] {name}: {script} {' '.join(overrides)}", flush=True)
+    with open(console, "w") as f:
+        rc = subprocess.run(["nice", "-n", "10", "bash", str(RECIPES / script), *overrides], cwd=ROOT, env=env,
+                            stdout=f, stderr=subprocess.STDOUT).returncode
+    wall = time.time() - t0
+    if rc != 0:
+        tail = "\n".join(console.read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"{name} failed (exit {rc}); see {console}\n{tail}")
+    print(f"[e2e_cpu_runs] {name}: done in {wall:.0f} s", flush=True)
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()], wall
+
+
+def validation(records: list[dict]) -> dict[int, float]:
+    return {r["step"]: v for r in records for k, v in r["data"].items()
+            if k.startswith("val-core/") and "/acc/mean@" in k}
+
+
+def compare(args) -> dict:
+    env = {"CPU_STEPS": str(args.steps), "CPU_TEST_FREQ": "10", "CPU_SEED": str(args.seed)}
+    overrides = ["trainer.val_before_train=True", "actor_rollout_ref.rollout.val_kwargs.n=4"]
+    summary, specs = {}, []
+    reuse = dict(spec.split("=", 1) for spec in args.reuse)
+    unknown = set(reuse) - set(COMPARE)
+    if unknown:
+        raise SystemExit(f"--reuse: unknown method(s) {sorted(unknown)}; choose from {sorted(COMPARE)}")
+    for name, script in COMPARE.items():
+        if name in reuse:  # a finished run with the same settings (e.g. scripts/demo_cpu.sh's metrics.jsonl)
+            path = Path(reuse[name])
+            records, wall = [json.loads(line) for line in path.read_text().splitlines() if line.strip()], None
+            write_atomic(args.out / f"{name}.jsonl", path.read_text())
+        else:
+            records, wall = run(script, name, args.out, env, overrides)
+        val = validation(records)
+        steps = [r["data"]["timing_s/step"] for r in records if "timing_s/step" in r["data"] and r["step"] >= 2]
+        summary[name] = {"val_acc_before": val[min(val)], "val_acc_after": val[max(val)], "val_acc": val,
+                         "wall_s": None if wall is None else round(wall, 1),
+                         "mean_step_s": round(statistics.mean(steps), 3)}
+        specs.append(f"{name}={args.out / (name + '.jsonl')}")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "report.py"), *specs, "--out", str(args.out)], check=True)
+    return summary
+
+
+def step_time(args) -> dict:
+    env = {"CPU_STEPS": str(args.steps), "CPU_TEST_FREQ": "-1", "CPU_SEED": str(args.seed)}
+    overrides = ["trainer.val_before_train=False", "algorithm.filter_groups.enable=False"]
+    summary = {}
+    for name, extra in STEP_TIME.items():
+        records, wall = run("run_rpg_reinforce_urkl.sh", f"steptime_{name}", args.out, env, overrides + extra)
+        steps = [r["data"] for r in records if "timing_s/step" in r["data"] and r["step"] >= 3]
+        summary[name] = {"mean_step_s": round(statistics.mean(d["timing_s/step"] for d in steps), 3),
+                         "mean_ref_s": round(statistics.mean(d.get("timing_s/ref", 0.0) for d in steps), 3),
+                         "has_timing_ref": any("timing_s/ref" in d for d in steps), "steps_measured": len(steps),
+                         "wall_s": round(wall, 1)}
+    summary["ratio_frozen_over_iterative"] = round(summary["frozen"]["mean_step_s"]
+                                                  / summary["iterative"]["mean_step_s"], 3)
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["compare", "step-time"])
+    ap.add_argument("--steps", type=int, default=None, help="training steps (compare: 50, step-time: 12)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="artifacts/cpu-compare or artifacts/bench")
+    ap.add_argument("--reuse", action="append", default=[], metavar="METHOD=JSONL",
+                    help="compare: use this finished run's metrics instead of running METHOD (same settings!)")
+    args = ap.parse_args(argv)
+    args.steps = args.steps or (50 if args.what == "compare" else 12)
+    args.out = (args.out or ROOT / "artifacts" / ("cpu-compare" if args.what == "compare" else "bench")).resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py")], check=True)
+    summary = compare(args) if args.what == "compare" else step_time(args)
+    name = "summary.json" if args.what == "compare" else "step_time.json"
+    write_atomic(args.out / name, json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

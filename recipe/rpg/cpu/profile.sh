@@ -1,0 +1,111 @@
+# shellcheck shell=bash
+# CPU profile of the RPG launcher (RPG_PROFILE=cpu): the real verl 0.9.1 trainer on a CPU-only machine with the
+# offline tiny model of scripts/make_tiny_model.py. Sourced by recipe/rpg/common.sh before its own defaults; it
+#   * exports the environment every Ray process inherits: the CPU platform + the "hf" rollout backend
+#     (rpg/cpu/platform.py, rpg/cpu/hf_rollout.py), one thread per process, no torch.compile, verl's file logger;
+#   * defaults MODEL_PATH / TRAIN_FILE / TEST_FILE to artifacts/tiny (build it first: scripts/make_tiny_model.py);
+#   * defines RPG_PROFILE_OVERRIDES, appended after common.sh's overrides (later overrides win), so a CPU script keeps
+#     the method of its GPU sibling and changes only sizes and the machine.
+#
+# Size knobs (environment, all optional):
+#   CPU_STEPS=40 training steps    CPU_BATCH=16 prompts/step    CPU_N=8 responses/prompt    CPU_LR=1e-4
+#   CPU_MINI_BATCH=$CPU_BATCH prompts per optimizer step (the default, one update per step, is fully on-policy, so
+#     π_θ = π_old throughout and the iterative-reference KL of the RPG losses is exactly 0; a smaller mini-batch
+#     makes later updates off-policy, as in the paper's 16 updates per step, and the KL term active)
+#   CPU_TEST_FREQ=10 validate every N steps (200 held-out prompts, one sample each at T=1)
+#   CPU_RESPONSE_LEN=48 (correct answers take 22-34 tokens; the DAPO overlong buffer is the last quarter)
+#   CPU_SEED=0 seeds the data order and the rollout sampler (rollout.seed)
+# Outputs: metrics as JSON lines in $VERL_FILE_LOGGER_ROOT/$PROJECT_NAME/$EXP_NAME.jsonl (default
+# artifacts/cpu-runs/logs); checkpoints only if trainer.save_freq > 0 (under common.sh's CKPTS_DIR).
+# Measured on 2 cores (see README): ~40 s start-up, ~4-5 s per step at the defaults.
+
+_rpg_cpu_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+
+# ---- environment inherited by the driver, the TaskRunner, the workers and the rollout server -----------------------
+export VERL_PLATFORM=cpu
+case ",${VERL_USE_EXTERNAL_MODULES:-}," in
+  *,rpg.cpu.platform,*) ;;
+  *) export VERL_USE_EXTERNAL_MODULES="rpg.cpu.platform,rpg.cpu.hf_rollout${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}" ;;
+esac
+export VERL_ENGINE_DEVICE=cuda            # selects verl's FSDP engine (registered for cuda/npu); the device is "cpu"
+export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}  # many processes share 2 cores
+export TOKENIZERS_PARALLELISM=false
+export VERL_FILE_LOGGER_ROOT=${VERL_FILE_LOGGER_ROOT:-$_rpg_cpu_root/artifacts/cpu-runs/logs}
+export RAY_DEDUP_LOGS=${RAY_DEDUP_LOGS:-1}
+
+# ---- data and model (artifacts/tiny, built offline) ------------------------------------------------------------------
+: "${TINY_DIR:=$_rpg_cpu_root/artifacts/tiny}"
+: "${MODEL_PATH:=$TINY_DIR/model}"
+: "${TRAIN_FILE:=$TINY_DIR/train.parquet}"
+: "${TEST_FILE:=$TINY_DIR/val.parquet}"
+N_GPUS=1
+NNODES=1
+if [[ -z "${RPG_DRY_RUN:-}" && "${RPG_PRINT_ARGV:-0}" != 1 && ! -f "$MODEL_PATH/config.json" ]]; then
+  echo "[rpg] error: RPG_PROFILE=cpu: no model at $MODEL_PATH; build it with: .venv/bin/python scripts/make_tiny_model.py" >&2
+  exit 2
+fi
+
+: "${CPU_STEPS:=40}" "${CPU_BATCH:=16}" "${CPU_N:=8}" "${CPU_LR:=1e-4}" "${CPU_TEST_FREQ:=10}"
+: "${CPU_RESPONSE_LEN:=48}" "${CPU_SEED:=0}"
+: "${CPU_MINI_BATCH:=$CPU_BATCH}"
+_rpg_cpu_micro=$((CPU_BATCH * CPU_N))
+_rpg_fp32='{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
+
+RPG_PROFILE_OVERRIDES=(
+  # machine: one fake GPU per node (verl's resource pool asks for GPU bundles), 16 logical CPUs for Ray's actors,
+  # one TransferQueue storage unit, one agent-loop and one reward worker, no dataloader workers (cpu-rl-demo.md §2)
+  trainer.device=cpu
+  trainer.nnodes=1
+  trainer.n_gpus_per_node=1
+  ray_kwargs.ray_init.num_cpus=16
+  +ray_kwargs.ray_init.num_gpus=1
+  transfer_queue.backend.SimpleStorage.num_data_storage_units=1
+  data.dataloader_num_workers=0
+  actor_rollout_ref.rollout.agent.num_workers=1
+  reward.num_workers=1
+  # v1 sync trainer without its fixed 2 s poll per step (rpg/cpu/sampler.py); keeps DAPO group filtering
+  trainer.v1.sampler.custom_sampler.path=pkg://rpg.cpu.sampler
+  trainer.v1.sampler.custom_sampler.name=FastPollReplayBuffer
+  +trainer.v1.sampler.sampler_kwargs.poll_interval=0.05
+  '+trainer.v1.sampler.sampler_kwargs.filter_groups=${algorithm.filter_groups}'
+  '+trainer.v1.sampler.sampler_kwargs.train_batch_size=${data.train_batch_size}'
+  # model on CPU: FSDP2 (FSDP1 needs a GPU), eager attention (no flash-attn), fp32 so actor and rollout agree
+  actor_rollout_ref.model.use_remove_padding=False
+  actor_rollout_ref.model.enable_gradient_checkpointing=False
+  +actor_rollout_ref.model.override_config.attn_implementation=eager
+  actor_rollout_ref.actor.strategy=fsdp2
+  actor_rollout_ref.ref.strategy=fsdp2
+  actor_rollout_ref.actor.use_torch_compile=False
+  actor_rollout_ref.ref.use_torch_compile=False
+  "+actor_rollout_ref.actor.fsdp_config.mixed_precision=$_rpg_fp32"
+  "+actor_rollout_ref.ref.fsdp_config.mixed_precision=$_rpg_fp32"
+  actor_rollout_ref.actor.use_dynamic_bsz=False
+  actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False
+  actor_rollout_ref.ref.log_prob_use_dynamic_bsz=False
+  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$((CPU_MINI_BATCH * CPU_N))"
+  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$_rpg_cpu_micro"
+  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=$_rpg_cpu_micro"
+  # rollout: the transformers backend; rollout log-probs returned so verl logs rollout-vs-actor agreement
+  actor_rollout_ref.rollout.name=hf
+  actor_rollout_ref.rollout.calculate_log_probs=True
+  "actor_rollout_ref.rollout.seed=$CPU_SEED"
+  "data.seed=$CPU_SEED"
+  # sizes: one optimizer step per training step (mini-batch = batch), lr in the tiny model's stable window
+  "data.train_batch_size=$CPU_BATCH"
+  "actor_rollout_ref.actor.ppo_mini_batch_size=$CPU_MINI_BATCH"
+  "actor_rollout_ref.rollout.n=$CPU_N"
+  data.max_prompt_length=48
+  "data.max_response_length=$CPU_RESPONSE_LEN"
+  "+reward.reward_kwargs.max_resp_len=$CPU_RESPONSE_LEN"
+  "+reward.reward_kwargs.overlong_buffer_cfg.len=$((CPU_RESPONSE_LEN / 4))"
+  "actor_rollout_ref.actor.optim.lr=$CPU_LR"
+  actor_rollout_ref.actor.optim.lr_warmup_steps=0
+  # trainer: short run, validation printed to the console and metrics written as JSON lines
+  "trainer.total_training_steps=$CPU_STEPS"
+  "trainer.test_freq=$CPU_TEST_FREQ"
+  trainer.save_freq=-1
+  trainer.resume_mode=disable
+  "trainer.logger=[console,file]"
+)
+unset _rpg_cpu_micro _rpg_fp32

@@ -1,0 +1,81 @@
+"""reference='periodic' end to end: verl 0.9.1's unmodified trainer on CPU, RPG-REINFORCE-URKL, 3 training steps.
+
+`recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` (the project's launcher, CPU profile, tiny model) with the reference model
+enabled (`use_kl_loss=True`, `kl_loss_coef=0`) and `reference=periodic`, K = 2 optimizer steps. The CPU profile uses
+one mini-batch per step (1 optimizer step), so the reference is refreshed at the end of step 2 only. Checks, from
+verl's own metrics log:
+
+* the hooks run inside the Ray actor worker: `actor/rpg/ref_refreshed` is 0, 1, 0 and the refresh count 0, 1, 1;
+  verl ran its reference forward (`timing_s/ref`) at every step;
+* the refresh really replaced the reference model: at step 3 the policy being updated (= π_old, one mini-batch, first
+  and only forward before the optimizer step) equals the reference, so verl's own KL-loss metric `actor/kl_loss`
+  (k3 vs `ref_log_prob`) and our `actor/rpg/ref_kl` are ~0, while at step 2 (reference = initial model) they are not.
+
+Cost: about 1.5-2 minutes on 2 cores (one trainer start-up of ~40 s). Needs artifacts/tiny
+(scripts/make_tiny_model.py, built once, ~80 s, reused).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "recipe" / "rpg" / "cpu" / "run_rpg_reinforce_urkl.sh"
+TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def tiny_dir():
+    out = ROOT / "artifacts" / "tiny"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(out)], check=True,
+                   timeout=900)
+    return out
+
+
+def test_periodic_reference_refreshes_inside_the_real_trainer(tiny_dir, tmp_path):
+    log_path = tmp_path / "metrics.jsonl"
+    env = dict(os.environ, CPU_STEPS="3", CPU_BATCH="4", CPU_N="4", CPU_TEST_FREQ="100", CPU_SEED="0",
+               CKPTS_DIR=str(tmp_path / "ckpts"), EXP_NAME="periodic", VERL_FILE_LOGGER_PATH=str(log_path),
+               PYTHON=sys.executable)
+    for key in ("RAY_ADDRESS", "RPG_DRY_RUN"):
+        env.pop(key, None)
+    overrides = [
+        "trainer.val_before_train=False", "trainer.save_freq=-1", "trainer.resume_mode=disable",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.0",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.policy_loss.reference=periodic",
+        "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=2",
+    ]
+    console = tmp_path / "console.log"
+    with open(console, "w") as out:
+        proc = subprocess.Popen(["bash", str(SCRIPT), *overrides], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)  # main_ppo tears Ray down on SIGINT
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            rc = "timeout"
+    text = console.read_text(errors="replace")
+    tail = "\n".join(text.splitlines()[-60:])
+    assert rc == 0, f"trainer exited with {rc}; last lines of {console}:\n{tail}"
+    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    train = {r["step"]: r["data"] for r in records if "actor/pg_loss" in r["data"]}
+    assert sorted(train) == [1, 2, 3], f"logged steps {sorted(train)}"
+
+    assert [train[s]["actor/rpg/ref_refreshed"] for s in (1, 2, 3)] == [0, 1, 0]
+    assert [train[s]["actor/rpg/ref_refresh_count"] for s in (1, 2, 3)] == [0, 1, 1]
+    assert all("timing_s/ref" in train[s] for s in (1, 2, 3))
+    assert "[rpg.reference] reference <- policy at training step 2" in text
+    # step 3: reference == policy after step 2 == π_old of step 3 -> zero KL on the (only) forward before the step
+    assert abs(train[3]["actor/kl_loss"]) < 1e-6 and abs(train[3]["actor/rpg/ref_kl"]) < 1e-6, train[3]
+    # step 2: reference == initial model, policy moved at step 1 -> positive KL
+    assert train[2]["actor/kl_loss"] > 1e-6 and train[2]["actor/rpg/ref_kl"] > 1e-6, train[2]
