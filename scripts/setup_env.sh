@@ -14,9 +14,17 @@ fi
 echo "[setup_env] building $VENV (torch==2.13.0 CPU, verl[verl-core]==0.9.1) ..." >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${pip[@]}" install "torch==2.13.0"
-"${pip[@]}" install -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
-"${pip[@]}" install --no-deps -e "$ROOT"
+pip_install() {  # pip install, minus the machine's warnings about absent local index folders
+  local rc
+  set +e
+  "${pip[@]}" install "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory"
+  rc=${PIPESTATUS[0]}
+  set -e
+  return "$rc"
+}
+pip_install "torch==2.13.0"
+pip_install -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
+pip_install --no-deps -e "$ROOT"
 "$VENV/bin/python" - <<'PY'
 import torch
 assert torch.__version__.startswith("2.13.0"), f"unexpected torch {torch.__version__}"
