@@ -17,7 +17,8 @@ import rpg.schedule_free as sfm
 REPO = Path(__file__).resolve().parents[2]
 SF_SCRIPTS = sorted(p for p in (REPO / "recipe" / "rpg").glob("*/run_*.sh") if "schedulefree" in p.name)
 KNOBS = ("MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME RAY_ADDRESS "
-         "RPG_DRY_RUN RPG_PROFILE OPTIM PYTHON RPG_PRINT_ARGV RPG_OPTIM_DIR VERL_USE_EXTERNAL_MODULES").split()
+         "RPG_DRY_RUN RPG_PROFILE OPTIM PYTHON RPG_PRINT_ARGV RPG_OPTIM_DIR VERL_USE_EXTERNAL_MODULES "
+         "VERL_PLATFORM VERL_ENGINE_DEVICE").split()  # the last two are set by in-process CPU-engine tests
 EXPECTED = [
     "actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",
     "actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree",
