@@ -10,7 +10,7 @@
 #    line per step;
 # 4. prints validation accuracy before/after and writes the curves (scripts/report.py) to artifacts/demo/.
 #
-# Knobs (environment): CPU_STEPS (default 50), CPU_TEST_FREQ (10), CPU_SEED (0), CPU_LR (1e-4), DEMO_OUT
+# Knobs (environment): CPU_STEPS (default 50), CPU_TEST_FREQ (10), CPU_SEED (0), CPU_LR (1e-4), CPU_MINI_BATCH (8), DEMO_OUT
 # (artifacts/demo), DEMO_VAL_N (4 samples per validation prompt).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,6 +19,9 @@ bash "$ROOT/scripts/setup_env.sh"
 PY="$ROOT/.venv/bin/python"
 
 export CPU_STEPS=${CPU_STEPS:-50} CPU_TEST_FREQ=${CPU_TEST_FREQ:-10} CPU_SEED=${CPU_SEED:-0}
+# Two optimizer updates per step (mini-batch = half the 16-prompt batch): the second update is off-policy, so the
+# RPG KL to the iterative reference π_old is active (with one update per step π_θ = π_old and the KL term is 0).
+export CPU_MINI_BATCH=${CPU_MINI_BATCH:-8}
 export EXP_NAME=${EXP_NAME:-demo_rpg_reinforce_urkl}
 OUT=${DEMO_OUT:-$ROOT/artifacts/demo}
 mkdir -p "$OUT"
