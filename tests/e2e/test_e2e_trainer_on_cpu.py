@@ -15,54 +15,23 @@ Cost: about 3-4 minutes on 2 cores (two trainer start-ups of ~40 s each), plus ~
 if it is missing (scripts/make_tiny_model.py, reused afterwards).
 """
 
-import json
 import math
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "recipe" / "rpg" / "cpu" / "run_rpg_reinforce_urkl.sh"
-PHASE_TIMEOUT_S = 600
+from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
 
 
 @pytest.fixture(scope="module")
 def tiny_dir():
-    """artifacts/tiny, built (idempotently) by scripts/make_tiny_model.py."""
-    out = ROOT / "artifacts" / "tiny"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(out)], check=True,
-                   timeout=900)
-    return out
+    return ensure_tiny_model()
 
 
 def run_trainer(tmp: Path, name: str, steps: int, extra: list[str]) -> list[dict]:
-    """Run the CPU recipe in its own process group; return the per-step records of verl's file logger."""
-    log_path = tmp / f"{name}.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RPG_DRY_RUN", "RPG_PRINT_ARGV")}
-    env.update(CPU_STEPS=str(steps), CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2", CPU_SEED="0",
-               CKPTS_DIR=str(tmp / "ckpts"), EXP_NAME="e2e", VERL_FILE_LOGGER_PATH=str(log_path),
-               PYTHON=sys.executable)
-    console = tmp / f"{name}.console.log"
-    with open(console, "w") as out:
-        proc = subprocess.Popen(["bash", str(SCRIPT), "trainer.val_before_train=False", *extra], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=PHASE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)  # main_ppo tears Ray down on SIGINT (cpu-rl-demo.md §5.10)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-            rc = "timeout"
-    tail = "\n".join(console.read_text(errors="replace").splitlines()[-60:])
-    assert rc == 0, f"{name}: trainer exited with {rc}; last lines of {console}:\n{tail}"
-    assert log_path.is_file(), f"{name}: no metrics file {log_path}\n{tail}"
-    return [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    """2 mini-batches of 2 prompts × 4 responses per step, validation every 2 steps; returns the metric records."""
+    records, _ = run_cpu_recipe(tmp, name, ["trainer.val_before_train=False", *extra], CPU_STEPS=str(steps),
+                                CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2", CPU_SEED="0")
+    return records
 
 
 def finite(value) -> bool:
@@ -70,7 +39,7 @@ def finite(value) -> bool:
 
 
 def check_training_steps(records: list[dict], steps: list[int]) -> None:
-    train = {r["step"]: r["data"] for r in records if "actor/pg_loss" in r["data"]}
+    train = training_steps(records)
     assert sorted(train) == steps, f"logged training steps {sorted(train)}, expected {steps}"
     for step, data in train.items():
         rpg = {k: v for k, v in data.items() if k.startswith("actor/rpg")}

@@ -15,35 +15,16 @@ Cost: about 1.5-2 minutes on 2 cores (one trainer start-up of ~40 s). Needs arti
 (scripts/make_tiny_model.py, built once, ~80 s, reused).
 """
 
-import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "recipe" / "rpg" / "cpu" / "run_rpg_reinforce_urkl.sh"
-TIMEOUT_S = 600
+from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
 
 
 @pytest.fixture(scope="module")
 def tiny_dir():
-    out = ROOT / "artifacts" / "tiny"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(out)], check=True,
-                   timeout=900)
-    return out
+    return ensure_tiny_model()
 
 
 def test_periodic_reference_refreshes_inside_the_real_trainer(tiny_dir, tmp_path):
-    log_path = tmp_path / "metrics.jsonl"
-    env = dict(os.environ, CPU_STEPS="3", CPU_BATCH="4", CPU_N="4", CPU_TEST_FREQ="100", CPU_SEED="0",
-               CKPTS_DIR=str(tmp_path / "ckpts"), EXP_NAME="periodic", VERL_FILE_LOGGER_PATH=str(log_path),
-               PYTHON=sys.executable)
-    for key in ("RAY_ADDRESS", "RPG_DRY_RUN"):
-        env.pop(key, None)
     overrides = [
         "trainer.val_before_train=False", "trainer.save_freq=-1", "trainer.resume_mode=disable",
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.0",
@@ -51,24 +32,9 @@ def test_periodic_reference_refreshes_inside_the_real_trainer(tiny_dir, tmp_path
         "actor_rollout_ref.actor.policy_loss.reference=periodic",
         "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=2",
     ]
-    console = tmp_path / "console.log"
-    with open(console, "w") as out:
-        proc = subprocess.Popen(["bash", str(SCRIPT), *overrides], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)  # main_ppo tears Ray down on SIGINT
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-            rc = "timeout"
-    text = console.read_text(errors="replace")
-    tail = "\n".join(text.splitlines()[-60:])
-    assert rc == 0, f"trainer exited with {rc}; last lines of {console}:\n{tail}"
-    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-    train = {r["step"]: r["data"] for r in records if "actor/pg_loss" in r["data"]}
+    records, text = run_cpu_recipe(tmp_path, "periodic", overrides, CPU_STEPS="3", CPU_BATCH="4", CPU_N="4",
+                                   CPU_TEST_FREQ="100", CPU_SEED="0")
+    train = training_steps(records)
     assert sorted(train) == [1, 2, 3], f"logged steps {sorted(train)}"
 
     assert [train[s]["actor/rpg/ref_refreshed"] for s in (1, 2, 3)] == [0, 1, 0]

@@ -14,57 +14,28 @@ Cost: one trainer start-up + 2 steps, about 2-3 minutes on 2 shared cores (artif
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "recipe" / "rpg" / "cpu" / "run_rpg_reinforce_urkl.sh"
-TIMEOUT_S = 900
+from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sf_e2e")
-    tiny = ROOT / "artifacts" / "tiny"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(tiny)], check=True,
-                   timeout=900)
-    log_path, console = tmp / "log.jsonl", tmp / "console.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RPG_DRY_RUN", "VERL_USE_EXTERNAL_MODULES")}
-    env.update(OPTIM="schedulefree", CPU_STEPS="2", CPU_BATCH="4", CPU_N="4", CPU_TEST_FREQ="2", CPU_SEED="0",
-               CKPTS_DIR=str(tmp / "ckpts"), EXP_NAME="sf_e2e", VERL_FILE_LOGGER_PATH=str(log_path),
-               PYTHON=sys.executable)
+    ensure_tiny_model()
     extra = ["trainer.val_before_train=True", "trainer.save_freq=2", "trainer.resume_mode=disable",
              "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 optimizer steps per RL step (8 responses each)
              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
              "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
-    with open(console, "w") as out:
-        proc = subprocess.Popen(["bash", str(SCRIPT), *extra], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-            rc = "timeout"
-    text = console.read_text(errors="replace")
-    assert rc == 0, f"trainer exited with {rc}:\n" + "\n".join(text.splitlines()[-60:])
-    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    records, text = run_cpu_recipe(tmp, "sf_e2e", extra, timeout_s=900, OPTIM="schedulefree", CPU_STEPS="2",
+                                   CPU_BATCH="4", CPU_N="4", CPU_TEST_FREQ="2", CPU_SEED="0")
     return {"records": records, "console": text, "ckpt": tmp / "ckpts" / "global_step_2" / "actor"}
 
 
 def test_rollout_and_old_log_prob_are_the_same_iterate(run):
-    train = {r["step"]: r["data"] for r in run["records"] if "actor/pg_loss" in r["data"]}
+    train = training_steps(run["records"])
     assert sorted(train) == [1, 2]
     for step, data in train.items():
         assert abs(data["training/rollout_probs_diff_mean"]) < 1e-4, (step, data["training/rollout_probs_diff_mean"])

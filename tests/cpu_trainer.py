@@ -1,0 +1,61 @@
+"""Run a CPU recipe (recipe/rpg/cpu/run_*.sh: the launcher + verl's real trainer) from a test (shared helper).
+
+Used by the end-to-end tests of the trainer, the periodic reference and schedule-free AdamW.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipe" / "rpg" / "cpu"
+TINY = ROOT / "artifacts" / "tiny"
+# knobs a developer may have exported that must not leak into a test run
+_DROP = ("RAY_ADDRESS", "RPG_DRY_RUN", "RPG_PRINT_ARGV", "VERL_USE_EXTERNAL_MODULES")
+
+
+def ensure_tiny_model() -> Path:
+    """artifacts/tiny, built (idempotently, ~1 min the first time) by scripts/make_tiny_model.py."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(TINY)], check=True,
+                   timeout=900)  # fmt: skip
+    return TINY
+
+
+def run_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "run_rpg_reinforce_urkl.sh",
+                   timeout_s: int = 600, **env: str) -> tuple[list[dict], str]:  # fmt: skip
+    """Run `recipe/rpg/cpu/<script>` in its own process group; return (file-logger records, console text).
+
+    `env` sets the CPU profile knobs (CPU_STEPS, CPU_BATCH, ...); the metrics go to <tmp>/<name>.jsonl and the
+    console to <tmp>/<name>.console.log. Fails with the console tail if the trainer does not exit 0 in time.
+    """
+    log_path, console = tmp / f"{name}.jsonl", tmp / f"{name}.console.log"
+    full_env = {k: v for k, v in os.environ.items() if k not in _DROP}
+    full_env.update(CKPTS_DIR=str(tmp / "ckpts"), EXP_NAME=name, VERL_FILE_LOGGER_PATH=str(log_path),
+                    PYTHON=sys.executable, **env)  # fmt: skip
+    with open(console, "w") as out:
+        proc = subprocess.Popen(["bash", str(RECIPES / script), *overrides], cwd=ROOT, env=full_env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)  # main_ppo tears Ray down on SIGINT (cpu-rl-demo.md §5.10)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            rc = "timeout"
+    text = console.read_text(errors="replace")
+    tail = "\n".join(text.splitlines()[-60:])
+    assert rc == 0, f"{name}: trainer exited with {rc}; last lines of {console}:\n{tail}"
+    assert log_path.is_file(), f"{name}: no metrics file {log_path}\n{tail}"
+    return [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()], text
+
+
+def training_steps(records: list[dict]) -> dict[int, dict]:
+    """step -> metrics of the training steps (records that carry actor/pg_loss)."""
+    return {r["step"]: r["data"] for r in records if "actor/pg_loss" in r["data"]}
