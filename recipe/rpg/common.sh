@@ -63,7 +63,10 @@ LR=1e-6
 ADV_ESTIMATOR=rpg
 LOSS_MODE=vanilla
 KL_COEF=1e-4            # β of the RPG losses (policy_loss.kl_coef); only passed for RPG losses
-REFERENCE=iterative     # RPG KL reference: iterative | frozen | periodic (rpg.config.REFERENCE_MODES)
+REFERENCE=iterative     # RPG KL reference: iterative | frozen | periodic (rpg.config.REFERENCE_MODES); frozen and
+                        # periodic need USE_KL_LOSS=True KL_LOSS_COEF=0.0 (verl builds the reference model)
+# REF_REFRESH_STEPS      periodic reference: K optimizer steps between refreshes (unset/0: off; env or script)
+# REF_REFRESH_KL         periodic reference: refresh when the token-KL moving average exceeds κ (unset/0: off)
 CLIP_LOW=0.2
 CLIP_HIGH=0.28
 CLIP_C=10.0
@@ -264,6 +267,12 @@ rpg_run() {
       "+actor_rollout_ref.actor.policy_loss.kl_coef=$KL_COEF"
       "+actor_rollout_ref.actor.policy_loss.reference=$REFERENCE"
     )
+    if [[ "$REFERENCE" == periodic ]]; then
+      common+=(
+        "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=${REF_REFRESH_STEPS:-0}"
+        "+actor_rollout_ref.actor.policy_loss.ref_refresh_kl=${REF_REFRESH_KL:-0.0}"
+      )
+    fi
   fi
 
   RPG_OPTIM_OVERRIDES=()

@@ -113,6 +113,8 @@ ABLATIONS_4B = {  # Fig. 8 (2K clip) and Fig. 9 (4K β and reference): script �
     "run_rpg_reinforce_urkl_2k_clip0.1_0.1.sh": ("rpg_reinforce_urkl", 1e-4, (0.1, 0.1), 2, "iterative"),
     "run_rpg_reinforce_ufkl_4k_beta1e-3.sh": ("rpg_reinforce_ufkl", 1e-3, (0.2, 0.28), 4, "iterative"),
     "run_rpg_reinforce_ufkl_4k_beta1e-3_noiterref.sh": ("rpg_reinforce_ufkl", 1e-3, (0.2, 0.28), 4, "frozen"),
+    # the paper's §5 periodic scheme (no table row): refresh every K = 64 optimizer steps
+    "run_rpg_reinforce_urkl_4k_periodic.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "periodic"),
 }
 ALL_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B + SCRIPTS_CPU
 
@@ -212,8 +214,11 @@ def test_4b_ablations(name: str):
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == clip
     assert cfg.data.max_response_length == ctx * 1024
     # no iterative reference: verl builds the frozen reference model (use_kl_loss) but adds no KL itself (coef 0)
-    assert (actor.use_kl_loss, actor.kl_loss_coef) == ((True, 0.0) if reference == "frozen" else (False, 0.0))
-    assert (v.ref is not None) is (reference == "frozen")
+    with_model = reference in ("frozen", "periodic")
+    assert (actor.use_kl_loss, actor.kl_loss_coef) == ((True, 0.0) if with_model else (False, 0.0))
+    assert (v.ref is not None) is with_model
+    if reference == "periodic":
+        assert (v.rpg.ref_refresh_steps, v.rpg.ref_refresh_kl) == (64, 0.0)
 
 
 def test_common_paper_hyperparameters():
