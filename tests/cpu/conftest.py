@@ -1,21 +1,10 @@
 """Shared fixtures for the CPU-backend tests: a tiny random Qwen2 checkpoint on disk (no tokenizer needed)."""
 
 import pytest
-import torch
+from tiny_qwen2 import save_random_qwen2
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory):
     """A 2-layer, hidden-32 Qwen2ForCausalLM with random weights (seed 0), vocab 48, eos 2, pad 0."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=0, use_sliding_window=False)
-    model = Qwen2ForCausalLM(cfg)
-    model.generation_config.eos_token_id = 2
-    model.generation_config.pad_token_id = 0
-    path = tmp_path_factory.mktemp("tiny_qwen2")
-    model.save_pretrained(path)
-    return str(path)
+    return save_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))

@@ -34,14 +34,11 @@ def make_worker(tmp_path_factory):
     import rpg.cpu.hf_rollout  # noqa: F401  (registers rollout.name=hf, needed by the fused worker's init_model)
 
     from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=0, use_sliding_window=False)
-    model_dir = str(tmp_path_factory.mktemp("tiny_qwen2_ref"))
-    Qwen2ForCausalLM(cfg).save_pretrained(model_dir)
+    from tiny_qwen2 import save_random_qwen2
+
+    model_dir = save_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2_ref"))
     vocab = {f"t{i}": i for i in range(48)}
     PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t3")), eos_token="t2",
                             pad_token="t0", unk_token="t3").save_pretrained(model_dir)

@@ -47,15 +47,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tiny_qwen2 import save_random_qwen2
 
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=1,
-                      eos_token_id=2, pad_token_id=0, use_sliding_window=False)
-    path = tmp_path_factory.mktemp("tiny_qwen2_sf")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    return str(path)
+    return save_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2_sf"), max_position_embeddings=64)
 
 
 def _config(model_dir: str):
