@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Build the RPG training and evaluation parquet files in verl's RL schema (SPEC §7.2, §12).
 
 Every output row is ::
@@ -41,9 +40,11 @@ written. Outputs are written atomically (temp file + os.replace) and are byte-id
 
 Examples::
 
-    python scripts/prepare_data.py all                       # everything from the hub into data/
-    python scripts/prepare_data.py aime-2025 --source my_aime25.jsonl --repeat 32
-    python scripts/prepare_data.py dapo-math-17k              # unfiltered DAPO: dedup + English filter
+    rpg-prepare-data all                  # everything from the hub into data/
+    rpg-prepare-data aime-2025 --source my_aime25.jsonl --repeat 32
+    rpg-prepare-data dapo-math-17k        # unfiltered DAPO: dedup + English filter
+
+(``rpg-prepare-data`` is the console script of ``python -m rpg.tools.prepare_data``.)
 """
 
 from __future__ import annotations
@@ -396,6 +397,7 @@ def prepare(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="rpg-prepare-data",
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

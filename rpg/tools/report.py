@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Last/Best table and training curves (paper Tables 3-8, Figs. 4-6) from verl run logs.
 
 Usage::
 
-    python scripts/report.py RUN [RUN ...] --out DIR [--metric-prefix val-core] [--k auto|K]
+    rpg-report RUN [RUN ...] --out DIR [--metric-prefix val-core] [--k auto|K]   # or python -m rpg.tools.report
 
 Each RUN is ``PATH`` or ``NAME=PATH`` (the name labels the run; default: the wandb run name, else the
 file stem). Supported inputs (verl 0.9.1, ``trainer.logger=[...]``):
@@ -26,7 +25,7 @@ Outputs in ``--out`` (written atomically):
 * ``table.md`` / ``table.csv``: per run and data source, ``Last`` (value at the last evaluated step),
   ``Best`` (maximum over evaluations) and the step of the Best (earliest on ties) of
   ``<metric-prefix>/<source>/acc/mean@<k>``. ``--k auto`` takes the largest k present per source: with
-  the k-times repeated eval files of ``prepare_data.py`` verl 0.9.1 names the metric ``mean@1`` (its
+  the k-times repeated eval files of ``rpg.tools.prepare_data`` verl 0.9.1 names the metric ``mean@1`` (its
   value is the mean@k of the paper, SPEC §7.6); with ``val_kwargs.n=k`` it is ``mean@k``.
 * ``curves.png``: one panel per data source (accuracy), then reward (``critic/score/mean``, falling back
   to ``critic/rewards/mean``), entropy (``actor/entropy``) and response length
@@ -428,6 +427,7 @@ def _k(text: str) -> int | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="rpg-report",
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

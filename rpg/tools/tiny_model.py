@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Build the offline tiny model and toy task for CPU runs of the real verl trainer (demo, e2e test).
 
 Everything is made locally, nothing is downloaded (design and measurements: shared notes tiny-model.md):
@@ -21,7 +20,8 @@ Everything is made locally, nothing is downloaded (design and measurements: shar
   RLHF schema with ``data_source="math_dapo"`` and ``reward_model.ground_truth``, so the default reward path
   (verl's math_dapo scorer, DAPO reward manager, ``algorithm.filter_groups``) is exercised unchanged.
 
-Output layout (``--out``, default ``artifacts/tiny``)::
+Run it as ``rpg-tiny-model`` or ``python -m rpg.tools.tiny_model``. Output layout (``--out``, default
+``artifacts/tiny`` in the working directory)::
 
     model/            HF model + tokenizer (actor_rollout_ref.model.path)
     train.parquet     data.train_files
@@ -206,7 +206,7 @@ def warm_up(model, tok, args, log) -> dict:
         sampled = evaluate(model, tok, held, do_sample=True, seed=args.seed + 1234)
         entry = dict(step=step, loss=round(loss.item(), 4), sampled_acc=sampled, seconds=round(time.time() - t_start, 1))
         evals.append(entry)
-        log(f"[make_tiny_model] step {step}: loss {entry['loss']:.3f}, sampled held-out accuracy {sampled:.1%}")
+        log(f"[tiny_model] step {step}: loss {entry['loss']:.3f}, sampled held-out accuracy {sampled:.1%}")
         dist = max(lo - sampled, sampled - hi, 0.0)
         if dist < best_dist:
             best, best_dist = entry, dist
@@ -218,7 +218,7 @@ def warm_up(model, tok, args, log) -> dict:
     model.load_state_dict(best_state)
     best = dict(best, greedy_acc=evaluate(model, tok, held, do_sample=False, seed=0))
     if best_dist > 0:
-        log(f"[make_tiny_model] WARNING: sampled accuracy never reached [{lo:.0%}, {hi:.0%}]; using step "
+        log(f"[tiny_model] WARNING: sampled accuracy never reached [{lo:.0%}, {hi:.0%}]; using step "
             f"{best['step']} ({best['sampled_acc']:.1%})")
     return {"selected": best, "evals": evals}
 
@@ -275,7 +275,7 @@ def build(args, log=print) -> dict:
         tok = build_tokenizer(args.seed)
         model = build_model(tok, args.layers, args.hidden, args.seed)
         n_params = sum(p.numel() for p in model.parameters())
-        log(f"[make_tiny_model] tokenizer: {len(tok)} tokens; model: {n_params} parameters; SFT warm-up ...")
+        log(f"[tiny_model] tokenizer: {len(tok)} tokens; model: {n_params} parameters; SFT warm-up ...")
         sft = warm_up(model, tok, args, log) if args.max_steps > 0 else {"selected": None, "evals": []}
         model.save_pretrained(tmp / "model")
         tok.save_pretrained(tmp / "model")
@@ -304,10 +304,9 @@ def parse_args(argv=None):
             raise argparse.ArgumentTypeError(f"--target needs 0 <= LO <= HI <= 1, got {text!r}")
         return lo, hi
 
-    root = Path(__file__).resolve().parents[1]
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Layout and details: see the module "
+    ap = argparse.ArgumentParser(prog="rpg-tiny-model", description=__doc__.split("\n\n")[0], epilog="Layout and details: see the module "
                                  "docstring.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--out", default=str(root / "artifacts" / "tiny"), help="output folder")
+    ap.add_argument("--out", default="artifacts/tiny", help="output folder")
     ap.add_argument("--seed", type=int, default=0, help="seed for tokenizer corpus, model init and SFT data")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=128)
@@ -326,13 +325,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     if not args.force and is_built(out, settings(args)):
-        print(f"[make_tiny_model] up to date: {out}")
+        print(f"[tiny_model] up to date: {out}")
         return 0
     manifest = build(args)
     sel = manifest["sft"]["selected"]
     summary = (f"step {sel['step']}, sampled {sel['sampled_acc']:.1%}, greedy {sel['greedy_acc']:.1%}"
                if sel else "no SFT")
-    print(f"[make_tiny_model] wrote {out} in {manifest['build_seconds']} s ({summary})")
+    print(f"[tiny_model] wrote {out} in {manifest['build_seconds']} s ({summary})")
     return 0
 
 

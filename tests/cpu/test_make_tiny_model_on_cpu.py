@@ -1,19 +1,14 @@
-"""scripts/make_tiny_model.py: task format vs verl's math_dapo scorer, verl data schema, determinism, idempotence.
+"""rpg.tools.tiny_model: task format vs verl's math_dapo scorer, verl data schema, determinism, idempotence.
 
 Builds with a 10-step SFT budget into a temporary folder (about 20 s for three builds).
 """
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "scripts" / "make_tiny_model.py")
-mtm = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mtm)
+from rpg.tools import tiny_model as mtm
 
 QUICK = ["--max-steps", "10", "--eval-every", "5", "--target", "0.9,1.0", "--n-train", "300"]
 

@@ -1,4 +1,4 @@
-"""scripts/prepare_data.py: schema and byte-exact template (SPEC §12), k-repetition, dedup, English filter,
+"""rpg.tools.prepare_data: schema and byte-exact template (SPEC §12), k-repetition, dedup, English filter,
 malformed input, atomic and re-runnable writes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/report.py: Last/Best table (values and steps hand-computed) and curve PNG from synthetic runs in
+"""rpg.tools.report: Last/Best table (values and steps hand-computed) and curve PNG from synthetic runs in
 every supported format: verl console log, verl file-logger JSONL, wandb offline run directory."""
 
 from __future__ import annotations
