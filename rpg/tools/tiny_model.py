@@ -29,8 +29,10 @@ Run it as ``rpg-tiny-model`` or ``python -m rpg.tools.tiny_model``. Output layou
     build.json        the build settings and the SFT evaluation log
 
 Idempotent: if ``build.json`` exists with the same settings, nothing is done (``--force`` rebuilds). The whole
-folder is built in a temporary sibling and moved into place with ``os.replace``. Deterministic under ``--seed``
-(one torch thread).
+folder is built in a temporary sibling and moved into place with ``os.replace`` (Ctrl-C and SIGTERM remove it).
+``--out`` may be new, an empty folder, or an earlier build of this tool: ``build.json`` lists every file the tool
+wrote, and a folder holding anything else is refused, never deleted. Deterministic under ``--seed`` (one torch
+thread).
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ import json
 import os
 import random
 import re
+import secrets
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from rpg.atomic import sigterm_exits
 
 INSTRUCTION = "The last line of your response should be of the form Answer: $Answer"
 CHAT_TEMPLATE = (
@@ -262,14 +266,60 @@ def is_built(out: Path, wanted: dict) -> bool:
         return False
 
 
+class OutError(ValueError):
+    """``--out`` is something the tool may not replace."""
+
+
+def _tree(folder: Path) -> set[str]:
+    """Every entry below ``folder`` (files, folders, links) as a relative POSIX path."""
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")}
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` the tool may not replace: it must be absent, an empty folder, or a folder holding exactly
+    files of an earlier build (listed in its ``build.json``). Nothing the tool did not write is ever deleted."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise OutError(f"--out {out} is not a folder; choose a new or empty folder")
+    entries = _tree(out) if out.exists() else set()
+    if not entries:
+        return
+    try:
+        files = json.loads((out / "build.json").read_text(encoding="utf-8"))["files"]
+        own = {"build.json", *files} | {parent.as_posix() for f in files for parent in Path(f).parents} - {"."}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise OutError(f"--out {out} is a folder not created by rpg-tiny-model (no build.json listing its files); "
+                       "refusing to replace it: choose a new or empty folder") from None
+    foreign = sorted(entries - own)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutError(f"--out {out} holds files not created by rpg-tiny-model ({shown}); refusing to replace it: "
+                       "move them away or choose another folder")
+
+
+def _sibling_dir(out: Path, tag: str) -> Path:
+    """A new hidden folder next to ``out`` (created like any folder, so its mode follows the umask)."""
+    while True:
+        path = out.with_name(f".{out.name}.{tag}{secrets.token_hex(4)}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
 def build(args, log=print) -> dict:
-    """Build into a temporary sibling of ``args.out`` and move it into place; returns the manifest."""
+    """Build into a temporary sibling of ``args.out`` and move it into place; returns the manifest.
+
+    Raises ``OutError`` (before any work, and again before the swap) if ``--out`` holds anything the tool did not
+    write; an earlier build of the tool is replaced only when it holds nothing else.
+    """
     import torch
 
     torch.set_num_threads(1)
-    out = Path(args.out).resolve()
+    out = Path(args.out).absolute()
+    check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = _sibling_dir(out, "")
     try:
         t0 = time.time()
         tok = build_tokenizer(args.seed)
@@ -280,14 +330,18 @@ def build(args, log=print) -> dict:
         model.save_pretrained(tmp / "model")
         tok.save_pretrained(tmp / "model")
         write_data(tmp, args.n_train)
+        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         manifest = dict(settings=settings(args), params=n_params, vocab=len(tok), sft=sft,
-                        build_seconds=round(time.time() - t0, 1))
+                        build_seconds=round(time.time() - t0, 1), files=files)
         (tmp / "build.json").write_text(json.dumps(manifest, indent=1))
+        check_out(out)  # the build took minutes: look again right before the swap
         if out.exists():
-            stale = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            stale = _sibling_dir(out, "old.")
             os.replace(out, stale / "x")
+            os.replace(tmp, out)
             shutil.rmtree(stale, ignore_errors=True)
-        os.replace(tmp, out)
+        else:
+            os.replace(tmp, out)
         return manifest
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -304,8 +358,9 @@ def parse_args(argv=None):
             raise argparse.ArgumentTypeError(f"--target needs 0 <= LO <= HI <= 1, got {text!r}")
         return lo, hi
 
-    ap = argparse.ArgumentParser(prog="rpg-tiny-model", description=__doc__.split("\n\n")[0], epilog="Layout and details: see the module "
-                                 "docstring.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(prog="rpg-tiny-model", description=__doc__.split("\n\n")[0],
+                                 epilog="Layout and details: see the module docstring.",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", default="artifacts/tiny", help="output folder")
     ap.add_argument("--seed", type=int, default=0, help="seed for tokenizer corpus, model init and SFT data")
     ap.add_argument("--layers", type=int, default=2)
@@ -327,7 +382,12 @@ def main(argv=None) -> int:
     if not args.force and is_built(out, settings(args)):
         print(f"[tiny_model] up to date: {out}")
         return 0
-    manifest = build(args)
+    try:
+        with sigterm_exits():  # SIGTERM removes the temporary build folder like Ctrl-C does
+            manifest = build(args)
+    except OutError as e:
+        print(f"[tiny_model] error: {e}", file=sys.stderr)
+        return 2
     sel = manifest["sft"]["selected"]
     summary = (f"step {sel['step']}, sampled {sel['sampled_acc']:.1%}, greedy {sel['greedy_acc']:.1%}"
                if sel else "no SFT")
