@@ -88,7 +88,8 @@ def test_never_deletes_files_it_did_not_create(built, tmp_path, capsys, layout):
         out = tmp_path / "tiny"
         shutil.copytree(built, out)
         (out / "model" / "README.md").write_text("my notes")
-        keep = {"model/README.md": b"my notes", "model/model.safetensors": (built / "model/model.safetensors").read_bytes()}
+        weights = (built / "model" / "model.safetensors").read_bytes()
+        keep = {"model/README.md": b"my notes", "model/model.safetensors": weights}
     assert mtm.main(["--out", str(out), *QUICK, "--seed", "7"]) == 2
     err = capsys.readouterr().err
     assert f"--out {out} " in err and "not created by rpg-tiny-model" in err, err
@@ -117,8 +118,8 @@ def test_sigterm_during_the_build_removes_the_temporary_folder(tmp_path):
     import time
 
     out = tmp_path / "tiny"
-    proc = subprocess.Popen([sys.executable, "-m", "rpg.tools.tiny_model", "--out", str(out), "--max-steps", "100000",
-                             "--eval-every", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    cmd = [sys.executable, "-m", "rpg.tools.tiny_model", "--out", str(out), "--max-steps", "100000", "--eval-every", "100000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not list(tmp_path.iterdir()) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
