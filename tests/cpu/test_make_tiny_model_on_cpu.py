@@ -118,7 +118,8 @@ def test_sigterm_during_the_build_removes_the_temporary_folder(tmp_path):
     import time
 
     out = tmp_path / "tiny"
-    cmd = [sys.executable, "-m", "rpg.tools.tiny_model", "--out", str(out), "--max-steps", "100000", "--eval-every", "100000"]
+    cmd = [sys.executable, "-m", "rpg.tools.tiny_model", "--out", str(out)]
+    cmd += ["--max-steps", "99999", "--eval-every", "99999"]  # SFT that runs until the signal
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not list(tmp_path.iterdir()) and proc.poll() is None and time.time() < deadline:
