@@ -48,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-from rpg.atomic import sigterm_exits
+from rpg.atomic import atomic_write_json, sigterm_exits
 
 INSTRUCTION = "The last line of your response should be of the form Answer: $Answer"
 CHAT_TEMPLATE = (
@@ -333,7 +333,7 @@ def build(args, log=print) -> dict:
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         manifest = dict(settings=settings(args), params=n_params, vocab=len(tok), sft=sft,
                         build_seconds=round(time.time() - t0, 1), files=files)
-        (tmp / "build.json").write_text(json.dumps(manifest, indent=1))
+        atomic_write_json(tmp / "build.json", manifest, indent=1)  # written last: marks a complete build
         check_out(out)  # the build took minutes: look again right before the swap
         if out.exists():
             stale = _sibling_dir(out, "old.")
