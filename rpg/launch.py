@@ -5,15 +5,15 @@ thin Hydra entry over the package's `rpg/config/rpg_trainer.yaml`: verl's own `p
 `verl.trainer.config` package, so every key and default is verl's) plus the settings all RPG recipes share. Before
 any Ray process starts, it
 
-1. runs verl's `validate_config` exactly as `verl/trainer/main_ppo.py:main` does;
-2. builds the typed config dataclasses that verl's trainer and workers build later (actor, reference, rollout,
+1. builds the typed config dataclasses that verl's trainer and workers build later (actor, reference, rollout,
    model, algorithm, reward manager, checkpoint engine), so a misspelt `+key` or a bad value fails here instead of
    minutes later inside a worker on the cluster;
+2. runs verl's `validate_config` exactly as `verl/trainer/main_ppo.py:main` does;
 3. checks the recipe-level rules verl cannot know about (`validate_rpg`, `validate_recipe`);
 4. then either prints the resolved config as YAML and exits (`RPG_DRY_RUN=1`, no Ray, a few seconds) or hands the
    config unchanged to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one if `trainer.use_v1=False`).
 
-`+key=value` overrides are treated as `++key=value` (add or override), so a key added by `common.sh` (e.g.
+`+key=value` overrides are treated as `++key=value` (add or override), so a key added by `common.sh` or the yaml (e.g.
 `+actor_rollout_ref.actor.policy_loss.kl_coef`) can be set again by a script or on the command line.
 
 For tests and tools, `compose_config(overrides)` and `compose_and_validate(overrides)` do steps 1–3 in-process.
