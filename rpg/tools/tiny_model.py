@@ -287,8 +287,9 @@ def check_out(out: Path) -> None:
         files = json.loads((out / "build.json").read_text(encoding="utf-8"))["files"]
         own = {"build.json", *files} | {parent.as_posix() for f in files for parent in Path(f).parents} - {"."}
     except (OSError, ValueError, KeyError, TypeError):
-        raise OutError(f"--out {out} is a folder not created by rpg-tiny-model (no build.json listing its files); "
-                       "refusing to replace it: choose a new or empty folder") from None
+        raise OutError(f"--out {out} is a folder not created by rpg-tiny-model (no build.json listing its files; "
+                       "builds of earlier versions do not list them); refusing to replace it: choose a new or empty "
+                       "folder, or remove it yourself") from None
     foreign = sorted(entries - own)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
