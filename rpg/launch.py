@@ -14,7 +14,8 @@ any Ray process starts, it
    config unchanged to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one if `trainer.use_v1=False`).
 
 `+key=value` overrides are treated as `++key=value` (add or override), so a key added by `common.sh` or the yaml (e.g.
-`+actor_rollout_ref.actor.policy_loss.kl_coef`) can be set again by a script or on the command line.
+`+actor_rollout_ref.actor.policy_loss.kl_coef`) can be set again by a script or on the command line; the RPG settings
+of `policy_loss` (kl_coef, reference, ...) may be given with or without the `+`.
 
 For tests and tools, `compose_config(overrides)` and `compose_and_validate(overrides)` do steps 1–3 in-process.
 """
@@ -53,9 +54,33 @@ def is_rpg_loss(loss_mode: str) -> bool:
 # --------------------------------------------------------------------------------------------------------------
 # Composition
 # --------------------------------------------------------------------------------------------------------------
+POLICY_LOSS_PREFIX = "actor_rollout_ref.actor.policy_loss."
+
+
+def _rpg_only_fields() -> frozenset:
+    """The settings `RPGPolicyLossConfig` adds to verl's `PolicyLossConfig` (kl_coef, reference, ...): verl's yaml
+    has no such key, and a recipe passes one only when it sets it (the defaults live in rpg/config.py)."""
+    from rpg.config import RPGPolicyLossConfig
+    from verl.workers.config import PolicyLossConfig
+
+    return frozenset(f.name for f in dataclasses.fields(RPGPolicyLossConfig)) - {
+        f.name for f in dataclasses.fields(PolicyLossConfig)
+    }
+
+
 def normalise_overrides(overrides: Sequence[str]) -> list[str]:
-    """Rewrite `+key=value` to `++key=value` (add or override); leave every other override untouched."""
-    return ["+" + o if o.startswith("+") and not o.startswith("++") else o for o in overrides]
+    """Rewrite `+key=value` to `++key=value` (add or override), and so a plain `actor_rollout_ref.actor.policy_loss.
+    <setting>=value` of an RPG setting: it works whether or not the recipe passed that setting. (A misspelt setting is
+    left alone for Hydra to reject.) Every other override is left untouched."""
+    rpg_fields = _rpg_only_fields() if any(o.startswith(POLICY_LOSS_PREFIX) for o in overrides) else frozenset()
+
+    def normalised(o: str) -> str:
+        if o.startswith("+"):
+            return o if o.startswith("++") else "+" + o
+        key = o.partition("=")[0]
+        return "++" + o if key.startswith(POLICY_LOSS_PREFIX) and key[len(POLICY_LOSS_PREFIX) :] in rpg_fields else o
+
+    return [normalised(o) for o in overrides]
 
 
 def compose_config(overrides: Sequence[str]) -> DictConfig:

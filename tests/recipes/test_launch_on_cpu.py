@@ -235,6 +235,19 @@ def test_plus_overrides_become_add_or_override():
     assert normalise_overrides(["+a.b=1", "++c=2", "d=3", "~e"]) == ["++a.b=1", "++c=2", "d=3", "~e"]
 
 
+def test_rpg_settings_work_with_or_without_plus():
+    """Recipes pass kl_coef/reference only when set, so a plain override must add the key (verl's keys stay strict)."""
+    pl = "actor_rollout_ref.actor.policy_loss."
+    given = [pl + "reference=frozen", pl + "kl_coef=1e-3", pl + "loss_mode=rpg_urkl", pl + "kl_coeff=1", "a.kl_coef=1"]
+    assert normalise_overrides(given) == ["++" + given[0], "++" + given[1], *given[2:]]
+    cfg = compose_config([*MINIMAL, pl + "reference=frozen", "actor_rollout_ref.actor.use_kl_loss=True"])
+    assert cfg.actor_rollout_ref.actor.policy_loss.reference == "frozen"
+    cfg = compose_config([o for o in MINIMAL if ".reference=" not in o] + [pl + "reference=periodic"])
+    assert cfg.actor_rollout_ref.actor.policy_loss.reference == "periodic"
+    with pytest.raises(Exception, match="kl_coeff"):
+        compose_config([*MINIMAL, pl + "kl_coeff=1"])
+
+
 @pytest.mark.parametrize("value, expected", [("", False), ("0", False), ("false", False), ("1", True), ("TRUE", True)])
 def test_dry_run_switch(value, expected):
     assert dry_run_requested({"RPG_DRY_RUN": value}) is expected
