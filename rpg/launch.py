@@ -1,19 +1,21 @@
 """`python -m rpg.launch <hydra overrides>`: verl 0.9.1's PPO entry point with every check done up front.
 
 The recipe launcher (`recipe/rpg/common.sh`) runs this module instead of `python -m verl.trainer.main_ppo`. It is a
-thin Hydra entry over verl's own `ppo_trainer` config (composed from the installed `verl.trainer.config` package,
-so every key and default is verl's) that, before any Ray process starts,
+thin Hydra entry over the package's `rpg/config/rpg_trainer.yaml`: verl's own `ppo_trainer` config (from the installed
+`verl.trainer.config` package, so every key and default is verl's) plus the settings all RPG recipes share. Before
+any Ray process starts, it
 
-1. runs verl's `validate_config` exactly as `verl/trainer/main_ppo.py:main` does;
-2. builds the typed config dataclasses that verl's trainer and workers build later (actor, reference, rollout,
+1. builds the typed config dataclasses that verl's trainer and workers build later (actor, reference, rollout,
    model, algorithm, reward manager, checkpoint engine), so a misspelt `+key` or a bad value fails here instead of
    minutes later inside a worker on the cluster;
+2. runs verl's `validate_config` exactly as `verl/trainer/main_ppo.py:main` does;
 3. checks the recipe-level rules verl cannot know about (`validate_rpg`, `validate_recipe`);
 4. then either prints the resolved config as YAML and exits (`RPG_DRY_RUN=1`, no Ray, a few seconds) or hands the
    config unchanged to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one if `trainer.use_v1=False`).
 
-`+key=value` overrides are treated as `++key=value` (add or override), so a key added by `common.sh` (e.g.
-`+actor_rollout_ref.actor.policy_loss.kl_coef`) can be set again by a script or on the command line.
+`+key=value` overrides are treated as `++key=value` (add or override), so a key added by `common.sh` or the yaml (e.g.
+`+actor_rollout_ref.actor.policy_loss.kl_coef`) can be set again by a script or on the command line; the RPG settings
+of `policy_loss` (kl_coef, reference, ...) may be given with or without the `+`.
 
 For tests and tools, `compose_config(overrides)` and `compose_and_validate(overrides)` do steps 1–3 in-process.
 """
@@ -25,12 +27,15 @@ import dataclasses
 import os
 import sys
 import typing
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-VERL_CONFIG_MODULE = "verl.trainer.config"
-CONFIG_NAME = "ppo_trainer"
+# A folder next to the `rpg.config` module, so addressed by path (a `pkg://rpg.config` would name the module);
+# rpg_trainer.yaml puts verl's `pkg://verl.trainer.config` on Hydra's search path itself.
+CONFIG_DIR = Path(__file__).resolve().parent / "config"
+CONFIG_NAME = "rpg_trainer"
 RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.config.RPGPolicyLossConfig")
 OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")
 DRY_RUN_ENV = "RPG_DRY_RUN"
@@ -49,16 +54,41 @@ def is_rpg_loss(loss_mode: str) -> bool:
 # --------------------------------------------------------------------------------------------------------------
 # Composition
 # --------------------------------------------------------------------------------------------------------------
+POLICY_LOSS_PREFIX = "actor_rollout_ref.actor.policy_loss."
+
+
+def _rpg_only_fields() -> frozenset:
+    """The settings `RPGPolicyLossConfig` adds to verl's `PolicyLossConfig` (kl_coef, reference, ...): verl's yaml
+    has no such key, and a recipe passes one only when it sets it (the defaults live in rpg/config.py)."""
+    from rpg.config import RPGPolicyLossConfig
+    from verl.workers.config import PolicyLossConfig
+
+    return frozenset(f.name for f in dataclasses.fields(RPGPolicyLossConfig)) - {
+        f.name for f in dataclasses.fields(PolicyLossConfig)
+    }
+
+
 def normalise_overrides(overrides: Sequence[str]) -> list[str]:
-    """Rewrite `+key=value` to `++key=value` (add or override); leave every other override untouched."""
-    return ["+" + o if o.startswith("+") and not o.startswith("++") else o for o in overrides]
+    """Rewrite `+key=value` to `++key=value` (add or override), and so a plain `actor_rollout_ref.actor.policy_loss.
+    <setting>=value` of an RPG setting: it works whether or not the recipe passed that setting. (A misspelt setting is
+    left alone for Hydra to reject.) Every other override is left untouched."""
+    rpg_fields = _rpg_only_fields() if any(o.startswith(POLICY_LOSS_PREFIX) for o in overrides) else frozenset()
+
+    def normalised(o: str) -> str:
+        if o.startswith("+"):
+            return o if o.startswith("++") else "+" + o
+        key = o.partition("=")[0]
+        return "++" + o if key.startswith(POLICY_LOSS_PREFIX) and key[len(POLICY_LOSS_PREFIX) :] in rpg_fields else o
+
+    return [normalised(o) for o in overrides]
 
 
 def compose_config(overrides: Sequence[str]) -> DictConfig:
-    """Compose verl's `ppo_trainer` config with `overrides`, in-process (Hydra's compose API, no run directory)."""
-    from hydra import compose, initialize_config_module
+    """Compose `rpg_trainer` (verl's `ppo_trainer` + the recipes' shared settings) with `overrides`, in-process
+    (Hydra's compose API, no run directory)."""
+    from hydra import compose, initialize_config_dir
 
-    with initialize_config_module(config_module=VERL_CONFIG_MODULE, version_base=None):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose(config_name=CONFIG_NAME, overrides=normalise_overrides(overrides))
 
 
@@ -143,20 +173,21 @@ def _typecheck(obj: Any, key: str) -> Any:
 
 
 def build_verl_configs(config: DictConfig) -> ValidatedConfig:
-    """Run verl's `validate_config` as `main_ppo.main` does, then build the dataclasses its workers build.
+    """Build the dataclasses verl's workers build (type-checked), then run verl's `validate_config` as
+    `main_ppo.main` does.
 
-    Raises whatever verl raises (AssertionError, ValueError, hydra InstantiationException, OmegaConf errors) with
-    verl's own message; nothing here starts Ray or touches a GPU.
+    The typed builds come first so that a value of the wrong type is named (e.g. `rollout.temperature='hot'`) instead
+    of failing inside one of `validate_config`'s comparisons. Otherwise raises whatever verl raises (AssertionError,
+    ValueError, hydra InstantiationException, OmegaConf errors) with verl's own message; nothing here starts Ray or
+    touches a GPU.
     """
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     use_ref = need_reference_policy(config)
-    with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; keep stdout for the YAML of a dry run
-        validate_config(config=config, use_reference_policy=use_ref, use_critic=need_critic(config))
     arr = config.actor_rollout_ref
     ref = omega_conf_to_dataclass(_ref_as_worker_builds_it(config)) if use_ref else None
-    return ValidatedConfig(
+    validated = ValidatedConfig(
         config=config,
         actor=_typecheck(omega_conf_to_dataclass(arr.actor), "actor_rollout_ref.actor"),
         ref=_typecheck(ref, "actor_rollout_ref.ref") if use_ref else None,
@@ -165,6 +196,9 @@ def build_verl_configs(config: DictConfig) -> ValidatedConfig:
         algorithm=omega_conf_to_dataclass(config.algorithm),
         checkpoint_engine=omega_conf_to_dataclass(arr.rollout.checkpoint_engine),
     )
+    with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; keep stdout for the YAML of a dry run
+        validate_config(config=config, use_reference_policy=use_ref, use_critic=need_critic(config))
+    return validated
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -429,7 +463,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if dry_run_requested():  # no run directory, no log file: a dry run leaves nothing behind
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled"]
     sys.argv = [sys.argv[0], *normalise_overrides(args)]
-    entry = hydra.main(config_path=f"pkg://{VERL_CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=None)(run)
+    entry = hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base=None)(run)
     entry()
 
 

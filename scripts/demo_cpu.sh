@@ -4,11 +4,11 @@
 #   bash scripts/demo_cpu.sh [extra Hydra overrides...]
 #
 # 1. builds .venv if needed (scripts/setup_env.sh);
-# 2. builds the offline tiny model and the column-addition task if missing (scripts/make_tiny_model.py, ~1.5 min);
+# 2. builds the offline tiny model and the column-addition task if missing (python -m rpg.tools.tiny_model, ~1.5 min);
 # 3. runs recipe/rpg/cpu/run_rpg_reinforce_urkl.sh (the shared launcher with RPG_PROFILE=cpu), validating before
 #    training and every CPU_TEST_FREQ steps on 200 held-out problems (4 samples each at T=1), printing one progress
 #    line per step;
-# 4. prints validation accuracy before/after and writes the curves (scripts/report.py) to artifacts/demo/.
+# 4. prints validation accuracy before/after and writes the curves (python -m rpg.tools.report) to artifacts/demo/.
 #
 # Knobs (environment): CPU_STEPS (default 50), CPU_TEST_FREQ (10), CPU_SEED (0), CPU_LR (1e-4), CPU_MINI_BATCH (8), DEMO_OUT
 # (artifacts/demo), DEMO_VAL_N (4 samples per validation prompt).
@@ -30,7 +30,7 @@ rm -f "$VERL_FILE_LOGGER_PATH"
 
 start=$(date +%s)
 echo "[demo] building the tiny model and task if missing (artifacts/tiny) ..."
-nice -n 10 "$PY" "$ROOT/scripts/make_tiny_model.py"
+nice -n 10 "$PY" -m rpg.tools.tiny_model --out "$ROOT/artifacts/tiny"
 echo "[demo] training RPG-REINFORCE-URKL for $CPU_STEPS steps with verl's trainer (full log: $OUT/console.log) ..."
 set +e
 bash "$ROOT/recipe/rpg/cpu/run_rpg_reinforce_urkl.sh" trainer.val_before_train=True \
@@ -43,7 +43,7 @@ if [[ "$rc" != 0 ]]; then
   exit "$rc"
 fi
 
-"$PY" "$ROOT/scripts/report.py" "rpg_reinforce_urkl=$VERL_FILE_LOGGER_PATH" --out "$OUT"
+"$PY" -m rpg.tools.report "rpg_reinforce_urkl=$VERL_FILE_LOGGER_PATH" --out "$OUT"
 "$PY" - "$VERL_FILE_LOGGER_PATH" "$(( $(date +%s) - start ))" <<'EOF'
 import json, re, sys
 val = {}

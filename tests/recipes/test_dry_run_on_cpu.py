@@ -222,7 +222,8 @@ def test_4b_ablations(name: str):
 
 
 def test_common_paper_hyperparameters():
-    """SPEC §7.5 / §9.2 settings shared by every script (checked on one; they come from one place, common.sh)."""
+    """SPEC §7.5 / §9.2 settings shared by every script (checked on one; they come from one place,
+    rpg/config/rpg_trainer.yaml, and common.sh for the context-dependent ones)."""
     v = validated(RECIPE / "4b" / "run_rpg_reinforce_urkl_8k.sh")
     cfg, actor, rollout = v.config, v.config.actor_rollout_ref.actor, v.config.actor_rollout_ref.rollout
     assert (cfg.data.train_batch_size, rollout.n, actor.ppo_mini_batch_size, actor.ppo_epochs) == (512, 16, 32, 1)
@@ -315,13 +316,20 @@ def test_shell_errors_are_clear(tmp_path: Path, env: dict, body: str, needle: st
 
 
 def test_order_of_overrides_and_plugin_env(tmp_path: Path):
-    """common < script (RPG_SCRIPT_OVERRIDES) < command line; the plugin is loaded by every process."""
-    body = 'preset_dapo\nRPG_SCRIPT_OVERRIDES=(trainer.test_freq=5)'
-    proc = run_script(_script(tmp_path, body), "trainer.test_freq=7", RPG_PRINT_ARGV="1",
+    """rpg_trainer.yaml < common.sh < script (RPG_SCRIPT_OVERRIDES) < command line; the plugin is loaded by every
+    process."""
+    from rpg.launch import compose_config
+
+    body = 'preset_dapo\nRPG_SCRIPT_OVERRIDES=(actor_rollout_ref.actor.optim.lr=2e-6 trainer.test_freq=5)'
+    proc = run_script(_script(tmp_path, body), "actor_rollout_ref.actor.optim.lr=3e-6", RPG_PRINT_ARGV="1",
                       VERL_USE_EXTERNAL_MODULES="rpg.cpu.platform")  # fmt: skip
     data = json.loads(proc.stdout)
-    freq = [a for a in data["argv"] if a.startswith("trainer.test_freq=")]
-    assert freq == ["trainer.test_freq=10", "trainer.test_freq=5", "trainer.test_freq=7"]
+    lr = [a.split("=")[1] for a in data["argv"] if a.startswith("actor_rollout_ref.actor.optim.lr=")]
+    assert lr == ["1e-6", "2e-6", "3e-6"]  # common.sh's LR, the script's, the command line's
+    assert not [a for a in data["argv"] if a.startswith("trainer.test_freq=10")]  # the yaml's value is not repeated
+    cfg = compose_config(data["argv"][3:])
+    assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.trainer.test_freq) == (3e-6, 5)
+    assert compose_config([]).trainer.test_freq == 10  # rpg_trainer.yaml
     assert data["env"]["VERL_USE_EXTERNAL_MODULES"] == "rpg.cpu.platform,rpg.verl_plugin"
     assert data["ray_address"] == ""
 
