@@ -8,8 +8,15 @@ settings and travels to every actor worker with the rest of the actor config:
     +actor_rollout_ref.actor.policy_loss.kl_coef=1e-4
 
 Clip ratios are *not* duplicated here: they are verl's own actor fields (`clip_ratio_low`, `clip_ratio_high`,
-`clip_ratio_c`). Every default below is the paper's choice; the reference implementation's behaviour is available
-through the documented options (see README, "Differences from the authors' code").
+`clip_ratio_c`), validated per loss by `clip_settings`. Every default below is the paper's choice and is defined only
+here; the reference implementation's behaviour is available through the documented options (see README,
+"Differences from the authors' code").
+
+Building the config validates every field and, against the loss table (`rpg.losses.LOSSES`), refuses an option that
+cannot change the chosen loss or reference mode (`ineffective_options`) and bypass mode for an RPG loss. It then
+installs what its settings need from verl (`rpg.reference.install`: nothing for the iterative reference). The
+launcher builds it at compose time and verl builds it in every actor worker (`ActorRolloutRefWorker.init_model`),
+so the checks and the installation both happen before training starts.
 """
 
 from __future__ import annotations
@@ -33,12 +40,13 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 @dataclass
 class RPGPolicyLossConfig(PolicyLossConfig):
-    """Settings of the RPG losses (`rpg_<div>`, `rpg_reinforce_<div>`, `rpg_reinforce_hardclip_<div>`).
+    """Settings of the RPG losses (the rows of `rpg.losses.LOSSES`, `python -m rpg.launch --list`).
 
     Args:
         kl_coef: β, the KL coefficient of `J = E[R] − β·D` (paper §5: 1e-4). Must be finite and ≥ 0.
         kl_clamp: if set, clamp the per-token KL surrogate of the fully differentiable family to
-            [−kl_clamp, kl_clamp] as the authors' code does (10.0 there). The paper has no clamp: None.
+            [−kl_clamp, kl_clamp] as the authors' code does (10.0 there, all divergences but FKL). The paper has no
+            clamp: None.
             torch.clamp has zero gradient where it saturates, so this changes the gradient where the KL is large.
         branch_on: which sign selects the dual-clip branch of Algorithm 2 (RPG-REINFORCE):
             "effective_advantage" (paper: ψ = A'·ℓ, A' = A + C_KL/w) or "advantage" (authors' code: sign of A).

@@ -269,18 +269,10 @@ def _rule_reference_model(config: DictConfig, settings) -> Optional[str]:
     return None
 
 
-def _rule_adapter_installed(config: DictConfig, settings) -> Optional[str]:
-    from rpg import reference
-
-    absent = reference.missing(settings)
-    return f"{' and '.join(absent)} could not be installed in the launcher process" if absent else None
-
-
 RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
     _rule_bypass,
     _rule_no_kl_in_reward,
     _rule_reference_model,
-    _rule_adapter_installed,
 )
 
 
@@ -298,8 +290,9 @@ def validate_rpg(config: DictConfig):
     * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (SPEC §11 D2);
     * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
     * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
-      `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself), and the
-      `ref_log_prob` adapter (and for `periodic` the worker hooks) can be installed on this verl.
+      `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
+    * building the RPG config installs the `ref_log_prob` adapter (and for `periodic` the worker hooks) when the
+      settings need them: on a verl version or signature they were not written for, that fails here, naming both.
     """
     from rpg.config import clip_errors
     from rpg.losses import clip_fields

@@ -191,3 +191,63 @@ def test_require_signature_names_function_expected_actual_and_patch():
     qualname = f"{__name__}.{target.__qualname__}"
     assert f"{qualname}('a', 'b')" in message and f"{qualname}('a', 'b', 'c')" in message
     assert "the frobnicator patch" in message
+
+
+# ---- failing clearly where the adapter is needed but absent -----------------------------------------------------------
+UNPICKLED_LOSS = textwrap.dedent(
+    """
+    import pickle, sys, torch
+    import verl
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+    cfg = pickle.loads(bytes.fromhex(sys.argv[1]))  # built elsewhere: its __post_init__ did not run in this process
+    old = -torch.rand(2, 3)
+    try:
+        POLICY_LOSS_REGISTRY["rpg_urkl"](old, old + 0.1, torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool),
+                                         "token-mean", cfg, None)
+        print("no error")
+    except RuntimeError as e:
+        print(e)
+    """
+)
+
+
+def test_the_loss_names_a_missing_adapter():
+    import pickle
+
+    from verl.workers.config import ActorConfig
+
+    from rpg.config import RPGPolicyLossConfig
+
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2,
+                      policy_loss=RPGPolicyLossConfig(loss_mode="rpg_urkl", reference="frozen"))  # fmt: skip
+    proc = _run(UNPICKLED_LOSS, pickle.dumps(cfg).hex())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    message = proc.stdout.strip().splitlines()[-1]
+    assert "ref_log_prob adapter around verl's ppo_loss" in message and "not installed in this process" in message
+    assert "rpg.reference.install(settings)" in message
+
+
+LAUNCHER = textwrap.dedent(
+    """
+    import importlib.metadata
+    _real = importlib.metadata.version
+    importlib.metadata.version = lambda p: "0.10.0" if p == "verl" else _real(p)
+    from rpg.launch import RecipeConfigError, compose_config, validate_rpg
+    config = compose_config(["actor_rollout_ref.rollout.name=vllm", "algorithm.adv_estimator=rpg",
+        "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=grpo_wk3",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0"])
+    try:
+        validate_rpg(config)
+        print("no error")
+    except RecipeConfigError as e:
+        print(str(e).replace(chr(10), " "))
+    """
+)
+
+
+def test_the_launcher_refuses_an_unsupported_verl_before_ray():
+    proc = _run(LAUNCHER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    message = proc.stdout.strip().splitlines()[-1]
+    assert "verl 0.10.0" in message and "verl>=0.9.1,<0.10" in message and "ref_log_prob adapter" in message

@@ -32,8 +32,9 @@ actor config: in the launcher's dry run and, in every actor worker, in ``ActorRo
 and before any training step. It installs the adapter when the settings need ``ref_log_prob`` (a reference mode
 other than ``iterative``, or a loss that needs a reference model such as ``grpo_wk3``) and, for ``periodic``, the
 worker hooks. Each patch checks the verl version and the signature of what it wraps (`rpg.compat`) and fails at
-start-up, naming both, when they differ. `require(settings)` fails clearly when something the settings need is not
-installed (the RPG losses and the launcher call it).
+start-up, naming both, when they differ (in the launcher: before Ray starts). `require(settings)`, called by the RPG
+losses, fails clearly when something the settings need is not installed in the process that runs them (e.g. a loss
+config that reached a process without being built there).
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ __all__ = [
     "copy_policy_weights",
     "current_ref_log_prob",
     "install",
-    "missing",
     "require",
     "token_kl_to_reference",
 ]
@@ -79,14 +79,9 @@ def install(settings: Any) -> None:
         module.install()
 
 
-def missing(settings: Any) -> list[str]:
-    """What `settings` needs that is not installed in this process (empty when all is in place)."""
-    return [what for what, module in _needed(settings) if not module.installed()]
-
-
 def require(settings: Any) -> None:
     """Raise RuntimeError naming what `settings` needs and is not installed in this process."""
-    absent = missing(settings)
+    absent = [what for what, module in _needed(settings) if not module.installed()]
     if absent:
         raise RuntimeError(
             f"loss_mode={settings.loss_mode!r} with reference={settings.reference!r} needs "

@@ -149,3 +149,14 @@ def test_options_with_effect_and_defaults_pass(base, loss, options):
     if loss == "grpo_wk3":
         updates.update({ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0})
     assert validate_rpg(cfg_with(base, updates)).loss_mode == loss
+
+
+def test_verl_losses_with_the_rpg_config_accept_only_the_periodic_reference():
+    """With a verl loss (e.g. GRPO's vanilla) the RPG config can only refresh verl's reference model periodically."""
+    from rpg.config import RPGPolicyLossConfig
+
+    assert RPGPolicyLossConfig(loss_mode="vanilla", reference="periodic", ref_refresh_steps=4).spec is None
+    for options, name in [({"kl_coef": 1e-3}, "kl_coef"), ({"reference": "frozen"}, "reference"),
+                          ({"branch_on": "advantage"}, "branch_on")]:
+        with pytest.raises(ValueError, match=f"{name}=.* has no effect on verl's loss_mode='vanilla'"):
+            RPGPolicyLossConfig(loss_mode="vanilla", **options)
