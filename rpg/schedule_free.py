@@ -54,8 +54,9 @@ its default 0)::
     actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree
     trainer.v1.trainer_mode=schedule_free_sync
 
-`check_config` validates that combination (launcher dry runs call it). Supported: the v1 synchronous trainer with
-the FSDP/FSDP2 engine; async trainer modes (rollouts from stale parameters) and the legacy trainer are refused.
+`check_config` validates that combination (launcher dry runs call it) and refuses to resume a checkpoint that holds
+the other optimizer's state (`check_resume`). Supported: the v1 synchronous trainer with the FSDP/FSDP2 engine; async
+trainer modes (rollouts from stale parameters) and the legacy trainer are refused.
 """
 
 from __future__ import annotations
