@@ -96,7 +96,7 @@ class Divergence:
         surrogate: fully differentiable per-token regulariser (see module docstring).
         kl_component: C_KL/β of the REINFORCE weight.
         estimate: non-negative per-token estimate of D on π_old samples (for logging).
-        reference_clamps: whether the authors' code clamps this surrogate to ±10 (all but FKL; SPEC §10.5, D3), i.e.
+        reference_clamps: whether the authors' code clamps this surrogate to ±10 (all but FKL; README D3), i.e.
             whether the `kl_clamp` option acts on it.
         ratio_dependent_kl: whether C_KL depends on w (all but FKL, whose C_KL is the constant ρ), i.e. whether the
             `kl_ratio` option (C_KL at w̄ or w) acts on it.
