@@ -18,6 +18,7 @@ any Ray process starts, it
 of `policy_loss` (kl_coef, reference, ...) may be given with or without the `+`.
 
 For tests and tools, `compose_config(overrides)` and `compose_and_validate(overrides)` do steps 1–3 in-process.
+`python -m rpg.launch --list` prints the loss table (`--list --markdown`: the README's table).
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ class RecipeConfigError(ValueError):
 
 
 def is_rpg_loss(loss_mode: str) -> bool:
-    """True for the plugin's losses that read `RPGPolicyLossConfig`: `rpg_*` and `grpo_wk3` (SPEC §4, §5)."""
-    return loss_mode.startswith("rpg_") or loss_mode == "grpo_wk3"
+    """True for the plugin's losses, the rows of the loss table `rpg.losses.LOSSES` (they read RPGPolicyLossConfig)."""
+    from rpg.losses import is_rpg_loss as in_loss_table
+
+    return in_loss_table(loss_mode)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -234,7 +237,10 @@ def check_registered(config: DictConfig) -> None:
 
 
 def _rpg_policy_loss(config: DictConfig):
-    """Instantiate `actor.policy_loss` as `RPGPolicyLossConfig` (its __post_init__ validates every field)."""
+    """Instantiate `actor.policy_loss` as `RPGPolicyLossConfig` (its __post_init__ validates every field against the
+    loss table and installs what the run needs from verl, failing here if this verl is not supported)."""
+    from hydra.errors import InstantiationException
+
     from rpg.config import RPGPolicyLossConfig
     from verl.utils.config import omega_conf_to_dataclass
 
@@ -246,16 +252,19 @@ def _rpg_policy_loss(config: DictConfig):
             f"_target_={target!r}; add the override "
             f"actor_rollout_ref.actor.policy_loss._target_={RPG_POLICY_LOSS_TARGETS[0]}"
         )
-    settings = omega_conf_to_dataclass(_detached(policy_loss))
+    try:
+        settings = omega_conf_to_dataclass(_detached(policy_loss))
+    except InstantiationException as e:  # hydra wraps the config's own ValueError/RuntimeError: show that one
+        cause = e.__cause__ or e
+        raise RecipeConfigError(f"invalid RPG configuration:\n- {cause}") from e
     assert isinstance(settings, RPGPolicyLossConfig), type(settings)
     return settings
 
 
 def _rule_bypass(config: DictConfig, settings) -> Optional[str]:
-    from rpg.config import BYPASS_ERROR
+    from rpg.config import bypass_error
 
-    rc = config.algorithm.get("rollout_correction", None) or {}
-    return BYPASS_ERROR if rc.get("bypass_mode", False) else None
+    return bypass_error(config.algorithm.get("rollout_correction", None))
 
 
 def _rule_no_kl_in_reward(config: DictConfig, settings) -> Optional[str]:
@@ -272,12 +281,11 @@ def _rule_no_kl_in_reward(config: DictConfig, settings) -> Optional[str]:
 def _rule_reference_model(config: DictConfig, settings) -> Optional[str]:
     actor = config.actor_rollout_ref.actor
     use_kl_loss, coef = bool(actor.use_kl_loss), float(actor.kl_loss_coef)
-    needs_ref = settings.reference != "iterative" or settings.loss_mode == "grpo_wk3"
-    if needs_ref and not (use_kl_loss and coef == 0.0):
+    if settings.needs_ref_log_prob and not (use_kl_loss and coef == 0.0):
         why = (
-            f"policy_loss.reference={settings.reference!r}"
-            if settings.reference != "iterative"
-            else f"loss_mode={settings.loss_mode!r}"
+            f"loss_mode={settings.loss_mode!r}"
+            if settings.spec.needs_reference
+            else f"policy_loss.reference={settings.reference!r}"
         )
         return (
             f"{why} needs verl's reference model: set actor_rollout_ref.actor.use_kl_loss=True (so verl builds "
@@ -285,7 +293,7 @@ def _rule_reference_model(config: DictConfig, settings) -> Optional[str]:
             f"(so verl adds no KL of its own; the loss's β is policy_loss.kl_coef). Got use_kl_loss={use_kl_loss}, "
             f"kl_loss_coef={coef}."
         )
-    if not needs_ref and use_kl_loss and coef != 0.0:
+    if not settings.needs_ref_log_prob and use_kl_loss and coef != 0.0:
         return (
             f"policy_loss.reference='iterative' (π_ref = π_old, paper §5) with actor.use_kl_loss=True and "
             f"kl_loss_coef={coef}: verl would add its own {actor.kl_loss_type!r} KL against a frozen reference "
@@ -303,24 +311,36 @@ RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
 
 
 def validate_rpg(config: DictConfig):
-    """Check the RPG rules on a composed config; return the `RPGPolicyLossConfig` (None for non-RPG losses).
+    """Check the loss rules on a composed config; return the `RPGPolicyLossConfig` (None for verl's own losses).
 
-    Rules (all violations are reported together):
+    The loss table (`rpg.losses.LOSSES`, `python -m rpg.launch --list`) drives them. All violations are reported
+    together:
     * `loss_mode` and `adv_estimator` are registered (the valid names are listed on error);
-    * RPG loss (`rpg_*`, `grpo_wk3`) ⇒ `policy_loss._target_` is `rpg.RPGPolicyLossConfig` and its fields are valid;
+    * every clip field the loss reads (its table row, or verl's vanilla/gspo/cispo) is usable: ε1 ∈ (0, 1),
+      ε2 > 0, c > 1 (verl itself checks c only inside the loss, at the first update);
+    * RPG loss ⇒ `policy_loss._target_` is `rpg.RPGPolicyLossConfig` and its fields are valid, including that no
+      option is set that cannot change this loss or reference mode (`rpg.config.ineffective_options`);
     * RPG loss ⇒ `algorithm.rollout_correction.bypass_mode=False` (rpg.config.BYPASS_ERROR);
     * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (SPEC §11 D2);
     * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
-    * `reference` frozen/periodic, or `grpo_wk3` ⇒ `use_kl_loss=True` and `kl_loss_coef=0` (verl builds the
-      reference model and ships `ref_log_prob`, but adds nothing itself).
+    * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
+      `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
+    * building the RPG config installs the `ref_log_prob` adapter (and for `periodic` the worker hooks) when the
+      settings need them: on a verl version or signature they were not written for, that fails here, naming both.
     """
+    from rpg.config import clip_errors
+    from rpg.losses import clip_fields
+
     check_registered(config)
-    if not is_rpg_loss(config.actor_rollout_ref.actor.policy_loss.loss_mode):
-        return None
-    settings = _rpg_policy_loss(config)
-    errors = [msg for rule in RPG_RULES if (msg := rule(config, settings))]
+    loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
+    errors = clip_errors(config.actor_rollout_ref.actor, clip_fields(loss_mode), loss_mode)
+    settings = None
+    if is_rpg_loss(loss_mode):
+        settings = _rpg_policy_loss(config)
+        errors += [msg for rule in RPG_RULES if (msg := rule(config, settings))]
     if errors:
-        raise RecipeConfigError("invalid RPG configuration:\n- " + "\n- ".join(errors))
+        what = "RPG" if settings is not None else "policy-loss"
+        raise RecipeConfigError(f"invalid {what} configuration:\n- " + "\n- ".join(errors))
     return settings
 
 
@@ -456,10 +476,22 @@ def run(config: DictConfig) -> None:
         run_ppo(config, task_runner_class=TaskRunner)
 
 
+def list_losses(args: Sequence[str]) -> None:
+    """`python -m rpg.launch --list [--markdown]`: print the loss table (the README's table with `--markdown`)."""
+    from rpg.losses import describe_losses
+
+    extra = [a for a in args if a != "--markdown"]
+    if extra:
+        raise SystemExit(f"python -m rpg.launch --list takes only --markdown, got {extra}")
+    sys.stdout.write(describe_losses(markdown="--markdown" in args))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     import hydra
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--list"]:
+        return list_losses(args[1:])
     if dry_run_requested():  # no run directory, no log file: a dry run leaves nothing behind
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled"]
     sys.argv = [sys.argv[0], *normalise_overrides(args)]
