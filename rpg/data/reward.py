@@ -86,6 +86,11 @@ def math_verify_score(solution_str: str, ground_truth: str) -> ScoreDict:
     return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred}
 
 
+def own_sources() -> list[str]:
+    """The ``data_source`` names scored here (``aime*`` = any name with that prefix), for error messages."""
+    return sorted(MATH_DAPO_SOURCES | MATH_VERIFY_SOURCES) + [f"{p}*" for p in MATH_DAPO_PREFIXES]
+
+
 def scorer_for(data_source: str) -> Callable[[str, str], ScoreDict] | None:
     """The reference scorer for ``data_source``, or ``None`` if verl's default routing applies."""
     if data_source in MATH_DAPO_SOURCES or data_source.startswith(MATH_DAPO_PREFIXES):
@@ -98,8 +103,8 @@ def scorer_for(data_source: str) -> Callable[[str, str], ScoreDict] | None:
 def ground_truth_text(ground_truth: Any) -> str:
     """The answer text of a ground truth as the scorers here compare it.
 
-    str → itself; int → its decimal text; float → the int text if integral (``5.0`` → ``"5"``), else its shortest
-    round-trip text (``0.5`` → ``"0.5"``); a one-element list, tuple or array → its element's text; numpy scalars
+    str → itself; int → its decimal text; float → the int text if integral (``5.0`` → ``"5"``), else its
+    shortest round-trip text (``0.5`` → ``"0.5"``); a one-element list, tuple or array → its element's text; numpy scalars
     as their Python value. Raises ``ValueError`` naming the value for bool, None, NaN/inf, lists of another length
     and any other type (no answer to compare against).
     """
