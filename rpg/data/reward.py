@@ -104,9 +104,9 @@ def ground_truth_text(ground_truth: Any) -> str:
     """The answer text of a ground truth as the scorers here compare it.
 
     str → itself; int → its decimal text; float → the int text if integral (``5.0`` → ``"5"``), else its
-    shortest round-trip text (``0.5`` → ``"0.5"``); a one-element list, tuple or array → its element's text; numpy scalars
-    as their Python value. Raises ``ValueError`` naming the value for bool, None, NaN/inf, lists of another length
-    and any other type (no answer to compare against).
+    shortest round-trip text (``0.5`` → ``"0.5"``); a one-element list, tuple or array → its element's text;
+    numpy scalars as their Python value. Raises ``ValueError`` naming the value for bool, None, NaN/inf, lists of
+    another length and any other type (no answer to compare against).
     """
     if isinstance(ground_truth, str):
         return str(ground_truth)
