@@ -12,6 +12,9 @@
 #
 # Environment knobs (all optional):
 #   MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME PYTHON
+#   Paths are taken literally (spaces and any other character included). TRAIN_FILE and TEST_FILE hold one path, or
+#   several one per line (TEST_FILE="$(ls /data/val/*.parquet)"), or a Hydra list as verl's own scripts write it
+#   (TEST_FILE="['/data/a b.parquet','/data/c.parquet']"); a value starting with `[` is read as such a list.
 #   RAY_ADDRESS   submit to this Ray cluster (`ray job submit --working-dir <repo>`); unset: run locally
 #   RPG_DRY_RUN=1 compose + validate the full config, print it as YAML and exit (no Ray, a few seconds)
 #   RPG_PROFILE   gpu (default: the paper's setup) | cpu (sources recipe/rpg/cpu/profile.sh: tiny CPU run)
@@ -160,10 +163,26 @@ _rpg_json_list() {  # JSON list of the arguments
   for a in "$@"; do printf '%s' "$sep"; _rpg_json_str "$a"; sep=", "; done
   printf ']'
 }
-_rpg_hydra_files() {  # a Hydra list of quoted paths, or $1 unchanged if it already is a list
+_rpg_hydra_str() {  # $1 as a single-quoted Hydra value that composes to exactly $1 (a string, never interpolated)
+  # Two escapes, per Hydra 1.3's quoted-value grammar and OmegaConf 2.3's interpolation grammar: k backslashes before
+  # a quote or the closing quote become 2k (plus \ for the quote itself); k backslashes before `${` become 2k+1.
+  local s=$1 out="" bs="" c i
+  for ((i = 0; i < ${#s}; i++)); do
+    c=${s:i:1}
+    if [[ "$c" == '\' ]]; then bs+='\'; continue; fi
+    if [[ "$c" == "'" ]]; then out+="$bs$bs\\'"
+    elif [[ "$c" == '$' && "${s:i+1:1}" == '{' ]]; then out+="$bs$bs\\\$"
+    else out+="$bs$c"; fi
+    bs=""
+  done
+  printf "'%s'" "$out$bs$bs"
+}
+_rpg_hydra_files() {  # Hydra list of the paths in $1, one per line (a path may hold spaces); $1 as is if it is a list
   if [[ "$1" == \[* ]]; then printf '%s' "$1"; return; fi
   local out="" f
-  for f in $1; do out+="${out:+,}'$f'"; done
+  while IFS= read -r f; do
+    if [[ -n "$f" ]]; then out+="${out:+,}$(_rpg_hydra_str "$f")"; fi
+  done <<< "$1"
   printf '[%s]' "$out"
 }
 
@@ -174,7 +193,9 @@ rpg_run() {
   local ckpts_dir=${CKPTS_DIR:-$RPG_REPO_DIR/ckpts/$PROJECT_NAME/$exp_name}
   local model_path=${MODEL_PATH:-Qwen/Qwen3-4B}
   local test_files="${TEST_FILE:-}" v
-  if [[ -z "$test_files" ]]; then for v in $VAL_SETS; do test_files+=" $DATA_DIR/$v.parquet"; done; fi
+  if [[ -z "$test_files" ]]; then  # one path per line (paths may hold spaces)
+    for v in $VAL_SETS; do test_files+="${test_files:+$'\n'}$DATA_DIR/$v.parquet"; done
+  fi
   local optim=${OPTIM:-adamw}
 
   # Everything fixed is in rpg/config/rpg_trainer.yaml; these are the knobs and what is computed from them.
@@ -198,17 +219,17 @@ rpg_run() {
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$token_len"
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$token_len"
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$token_len"
-    "actor_rollout_ref.model.path=$model_path"
+    "actor_rollout_ref.model.path=$(_rpg_hydra_str "$model_path")"
     "actor_rollout_ref.rollout.max_num_batched_tokens=$((prompt_len + response_len))"
     # DAPO overlong penalty (SPEC §7.4 step 3): on/off, buffer = the last quarter of the response
     "reward.reward_kwargs.overlong_buffer_cfg.enable=$OVERLONG"
     "reward.reward_kwargs.overlong_buffer_cfg.len=$((response_len / 4))"
     # names and cluster
-    "trainer.project_name=$PROJECT_NAME"
-    "trainer.experiment_name=$exp_name"
+    "trainer.project_name=$(_rpg_hydra_str "$PROJECT_NAME")"
+    "trainer.experiment_name=$(_rpg_hydra_str "$exp_name")"
     "trainer.nnodes=$NNODES"
     "trainer.n_gpus_per_node=$N_GPUS"
-    "trainer.default_local_dir=$ckpts_dir"
+    "trainer.default_local_dir=$(_rpg_hydra_str "$ckpts_dir")"
   )
   if [[ "$LOSS_MODE" == rpg_* || "$LOSS_MODE" == grpo_wk3 ]]; then
     common+=(actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig)
