@@ -12,11 +12,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def load_script(name: str):
-    """Import ``scripts/<name>.py`` as a module (the scripts are CLIs, not a package)."""
+    """Import ``rpg/tools/<name>.py`` as a module by its path."""
     module_name = f"_rpg_script_{name}"
     if module_name in sys.modules:
         return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(module_name, REPO / "rpg" / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
