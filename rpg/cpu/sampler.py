@@ -42,6 +42,7 @@ from typing import Any
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, _accumulate_eviction_metrics
+from verl.utils.skip import SkipManager
 
 DEFAULT_POLL_INTERVAL = 0.05
 
@@ -110,15 +111,20 @@ class FastPollReplayBuffer(ReplayBuffer):
 
     # ---- DAPO on whole rounds ----------------------------------------------------------------------------------
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
-        """verl's sync sampling; with DAPO, every decision waits until no request is in flight.
+        """verl's sync sampling (which waits for the whole batch); with DAPO, `_sample_in_rounds`."""
+        if partition_id == "val" or self.filter_groups_metric is None:
+            return super().sample(global_steps, partition_id, batch_size)
+        return self._sample_in_rounds(global_steps, partition_id, batch_size)
+
+    @SkipManager.annotate_tq(role="rollout_tq", phase="sample")  # verl's rollout-skip cache, as on verl's sample
+    def _sample_in_rounds(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+        """DAPO sampling with every decision taken when no request is in flight.
 
         Each round: evict the groups whose ``filter_groups.metric`` is constant (and failed groups), then either
         select the ``batch_size`` oldest remaining groups (the surplus is discarded, as verl does) or refill 2
         prompts per evicted group (and 1 per failed one), at most ``max_inflight_gen_batches × train_batch_size``
         at once, and wait for that round.
         """
-        if partition_id == "val" or self.filter_groups_metric is None:
-            return super().sample(global_steps, partition_id, batch_size)  # waits for the whole batch already
         metrics: dict = {}
         credit, limit = 0, self.max_inflight_gen_batches * self.train_batch_size
         last_debug = time.time()
