@@ -55,8 +55,9 @@ class FakeTransferQueue:
 
 
 class FakeRollout:
-    """Prompts 0, 1, 2, ... from a "data loader"; prompt p's samples are fixed, their acc is constant (the group is
-    filtered by DAPO) when ``evicted(p)``; groups finish in an order drawn from ``schedule_seed``."""
+    """Prompts 0, 1, 2, ... from a "data loader"; prompt p's n samples are fixed, their acc is constant (the group is
+    filtered by DAPO) when ``evicted(p)``. Drawn from ``schedule_seed``: which in-flight groups finish at each poll,
+    which copy (session) of a prompt receives which of its samples, and the order its trajectories are stored in."""
 
     def __init__(self, store: FakeTransferQueue, evicted, schedule_seed: int):
         self.store, self.evicted, self.rng = store, evicted, random.Random(schedule_seed)
@@ -78,9 +79,9 @@ class FakeRollout:
         done = self.rng.sample(self.inflight, self.rng.randint(1, len(self.inflight))) if self.inflight else []
         for uid in done:
             self.inflight.remove(uid)
-            samples = self.samples(self.prompt_of[uid])
+            received = self.rng.sample(self.samples(self.prompt_of[uid]), N)  # copy <- sample: arrival order
             for session in self.rng.sample(range(N), N):  # trajectories reach TransferQueue in completion order
-                tokens, acc = samples[session]
+                tokens, acc = received[session]
                 fields = {"responses": torch.tensor(tokens), "extra_fields": {"reward_extra_info": {"acc": acc}}}
                 self.store.put("train", f"{uid}_{session}_0", {"status": "success", "seq_len": len(tokens)}, fields)
             self.store.put("train", uid, {"status": "finished"})
@@ -91,10 +92,6 @@ def run_step(monkeypatch, evicted, max_inflight, schedule_seed, batch_size=8):
     monkeypatch.setattr(verl_replay_buffer, "tq", store)
     monkeypatch.setattr(rpg_sampler, "tq", store)
     rollout = FakeRollout(store, evicted, schedule_seed)
-    # arrival order of a group's samples is random too: shuffle which sample each session receives
-    permute = random.Random(1000 + schedule_seed)
-    original = rollout.samples
-    rollout.samples = lambda p: permute.sample(original(p), N)
     buf = FastPollReplayBuffer(
         trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
         max_off_policy_strategy="drop", refill_fn=rollout.dispatch,
