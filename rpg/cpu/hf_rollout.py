@@ -28,9 +28,9 @@ Semantics (mirrors verl's vLLM server so the trainer cannot tell the difference)
   under this weight version. Samples are therefore reproducible under a seed and independent of how requests were
   grouped into micro-batches: `decode_batch` pads prompts to ``prompt_length`` tokens and batches to at least
   `MIN_DECODE_ROWS` rows, so a row's logits do not depend on the other rows of its batch (bit-identical with the CPU
-  kernels tested; without the padding they differ in the last bits). The n copies of a prompt are interchangeable: they receive the same n samples whatever their
-  arrival order, but which copy gets which sample follows arrival order, so the CPU sampler (`rpg.cpu.sampler`)
-  orders each group's samples by content.
+  kernels tested; without the padding they differ in the last bits). The n copies of a prompt are interchangeable:
+  they receive the same n samples whatever their arrival order, but which copy gets which sample follows arrival
+  order, so the CPU sampler (`rpg.cpu.sampler`) orders each group's samples by content.
 
 Micro-batching (cpu-rl-demo.md §7): requests that arrive within ``RPG_HF_ROLLOUT_BATCH_WINDOW`` seconds (default
 0.02) are left-padded and decoded together (one KV-cached forward per new token for the whole batch), grouped by

@@ -97,7 +97,8 @@ class FastPollReplayBuffer(ReplayBuffer):
         batch = super()._materialize_batch(partition_id, selected_prompt_uids, partition_snapshot)
         if not batch.keys:
             return batch
-        responses = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id, select_fields=["responses"])["responses"]
+        responses = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id, select_fields=["responses"])
+        responses = responses["responses"]
         rows = responses.unbind() if getattr(responses, "is_nested", False) else responses
         group = {uid: i for i, uid in enumerate(selected_prompt_uids)}
 
