@@ -63,7 +63,7 @@ fi
 CTX=2                   # context in K tokens: max prompt = max response = CTX*1024 (paper App. H: 2K ⇒ 4,096 total)
 PROMPT_LEN=""           # override max_prompt_length (default CTX*1024)
 RESPONSE_LEN=""         # override max_response_length (default CTX*1024)
-TOKEN_LEN_FACTOR=1      # dynamic-batch token budget per GPU = factor × (prompt + response); the authors' *_rf* used 4
+TOKEN_LEN_FACTOR=1      # dynamic-batch token budget per GPU = factor × (prompt + response); the authors' *_rf_clip_ppo* used 4 (their *_rf.sh: 1)
 LR=1e-6
 ADV_ESTIMATOR=rpg
 LOSS_MODE=vanilla

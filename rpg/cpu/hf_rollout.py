@@ -26,7 +26,11 @@ Semantics (mirrors verl's vLLM server so the trainer cannot tell the difference)
 * seeding: every request samples with its own ``torch.Generator``, seeded from ``rollout.seed``, the request's own
   ``seed`` (if any), the weight version (``global_steps``), the prompt ids and the occurrence count of that prompt
   under this weight version. Samples are therefore reproducible under a seed and independent of how requests were
-  grouped into micro-batches (identical prompts are interchangeable copies).
+  grouped into micro-batches: `decode_batch` pads prompts to ``prompt_length`` tokens and batches to at least
+  `MIN_DECODE_ROWS` rows, so a row's logits do not depend on the other rows of its batch (bit-identical with the CPU
+  kernels tested; without the padding they differ in the last bits). The n copies of a prompt are interchangeable:
+  they receive the same n samples whatever their arrival order, but which copy gets which sample follows arrival
+  order, so the CPU sampler (`rpg.cpu.sampler`) orders each group's samples by content.
 
 Micro-batching (cpu-rl-demo.md §7): requests that arrive within ``RPG_HF_ROLLOUT_BATCH_WINDOW`` seconds (default
 0.02) are left-padded and decoded together (one KV-cached forward per new token for the whole batch), grouped by
@@ -157,24 +161,36 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
     return logits
 
 
+#: Decode at least this many rows (filler rows are added): CPU GEMM kernels round differently for 1-3 rows than for
+#: more, so a request's log-probs (and, at near-ties, its tokens) would depend on how many requests shared its batch.
+MIN_DECODE_ROWS = 8
+
+
 @torch.no_grad()
 def decode_batch(model: torch.nn.Module, prompts: list[list[int]], specs: list[SamplingSpec],
-                 generators: list[Optional[torch.Generator]], pad_token_id: int) -> list[tuple[list[int], list[float]]]:
+                 generators: list[Optional[torch.Generator]], pad_token_id: int,
+                 prompt_width: int = 0) -> list[tuple[list[int], list[float]]]:
     """KV-cached batched decoding of left-padded prompts; each row has its own max length, stop set and generator.
+
+    A row's results do not depend on the other rows when the batch shape does not: prompts are left-padded to
+    ``max(prompt_width, longest prompt)`` tokens and the batch to at least `MIN_DECODE_ROWS` rows.
 
     Args:
         prompts: B lists of prompt token ids (any lengths).
         specs: B `SamplingSpec` sharing one ``group_key`` (temperature/top-k/top-p).
         generators: B per-row generators (ignored when greedy).
+        prompt_width: pad prompts to at least this many tokens (the server passes its ``prompt_length``).
     Returns:
         B pairs ``(response_ids, log_probs)``; a row ends after its first stop token (included) or at ``max_tokens``.
         ``log_probs`` are processed log-probs of the chosen tokens (empty if the spec did not ask for them).
     """
     spec0 = specs[0]
     assert all(s.group_key == spec0.group_key for s in specs), "decode_batch: mixed sampling groups"
-    bsz, plen = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((bsz, plen), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((bsz, plen), dtype=torch.long)
+    bsz, plen = len(prompts), max(prompt_width, *(len(p) for p in prompts))
+    rows = max(bsz, MIN_DECODE_ROWS)  # rows >= bsz are fillers: one pad token, outputs discarded
+    ids = torch.full((rows, plen), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((rows, plen), dtype=torch.long)
+    mask[bsz:, -1] = 1
     for i, p in enumerate(prompts):
         ids[i, plen - len(p):] = torch.tensor(p, dtype=torch.long)
         mask[i, plen - len(p):] = 1
@@ -195,7 +211,7 @@ def decode_batch(model: torch.nn.Module, prompts: list[list[int]], specs: list[S
         else:
             logprobs = torch.log_softmax(process_logits(logits, spec0.temperature, spec0.top_k, spec0.top_p), -1)
             probs = logprobs.exp()
-            next_ids = torch.zeros(bsz, dtype=torch.long)
+            next_ids = torch.zeros(rows, dtype=torch.long)
             for i in active:
                 next_ids[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
         chosen_lp = logprobs.gather(-1, next_ids[:, None])[:, 0]
@@ -210,10 +226,10 @@ def decode_batch(model: torch.nn.Module, prompts: list[list[int]], specs: list[S
         if not active:
             break
         # finished rows keep decoding a pad token (their outputs are no longer recorded)
-        step_ids = next_ids.masked_fill(torch.ones(bsz, dtype=torch.bool).index_fill(0, torch.tensor(active), False),
+        step_ids = next_ids.masked_fill(torch.ones(rows, dtype=torch.bool).index_fill(0, torch.tensor(active), False),
                                         pad_token_id)[:, None]
         step_pos = step_pos[:, -1:] + 1
-        mask = torch.cat([mask, torch.ones((bsz, 1), dtype=torch.long)], dim=-1)
+        mask = torch.cat([mask, torch.ones((rows, 1), dtype=torch.long)], dim=-1)
     return [(out_ids[i], out_lps[i] if specs[i].logprobs else []) for i in range(bsz)]
 
 
@@ -314,7 +330,8 @@ class HFRolloutServer:
             t0 = time.perf_counter()
             try:
                 results = await asyncio.to_thread(decode_batch, self.model, [it[0] for it in items],
-                                                  [it[1] for it in items], [it[2] for it in items], self.pad_token_id)
+                                                  [it[1] for it in items], [it[2] for it in items], self.pad_token_id,
+                                                  self.prompt_length)
             except Exception as exc:  # fail these requests, keep serving
                 logger.exception("HFRolloutServer: decode failed")
                 for it in items:

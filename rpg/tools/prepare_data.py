@@ -29,8 +29,11 @@ override the defaults) or a local file (``--source PATH``, ``.parquet`` or ``.js
 If several accepted columns are present they must agree (else the row is ambiguous and rejected). A
 ``solution`` column is never used as the answer (it is a worked solution). Answers are strings; integers
 are written without a decimal point, one-element lists are unwrapped, longer lists joined with ", ", and
-one pair of enclosing ``$...$`` is removed. Questions are stripped of surrounding whitespace. Values that are
-neither text nor finite numbers (NaN, infinities, booleans, dicts) are refused, never written as their spelling.
+one pair of enclosing ``$...$`` is removed; answers are stripped of surrounding whitespace. Questions are kept
+byte for byte, as the authors' files keep them (a problem that ends in a space keeps it in its prompt and so in its
+tokens); only comparisons (de-duplication, agreeing columns, questions with several answers) ignore surrounding
+whitespace, and the first row's raw text is the one written. Values that are neither text nor finite numbers (NaN,
+infinities, booleans, dicts) are refused, never written as their spelling.
 
 English filter (training sets): a row is non-English iff its question contains a CJK character
 (CJK punctuation/ideographs, kana, Hangul, full-width forms; see ``CJK_RE``). This is a heuristic that
@@ -197,8 +200,9 @@ def read_hub(hub_id: str, config: str | None = None, split: str | None = None) -
 _NOT_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
-def _text(value: Any, where: str, field: str) -> str | None:
-    """A column value as a non-empty string, or None if missing/empty.
+def _text(value: Any, where: str, field: str, raw: bool = False) -> str | None:
+    """A column value as a string, or None if missing or only whitespace. ``raw``: the text exactly as given
+    (questions); else stripped of surrounding whitespace (answers).
 
     Text and finite numbers (and lists of them) only: NaN, infinities, booleans, dicts and other objects would be
     written as their Python spelling ("nan", "True", "{...}"), so they stop the run naming ``where`` and ``field``.
@@ -214,8 +218,15 @@ def _text(value: Any, where: str, field: str) -> str | None:
         raise DataError(f"{where}: {field!r} is a {type(value).__name__} ({value!r:.80}); expected text or a number")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    text = str(value).strip()
-    return text or None
+    text = str(value)
+    if not text.strip():
+        return None
+    return text if raw else text.strip()
+
+
+def _same(text: str) -> str:
+    """The comparison key of a question: equal keys are the same problem (surrounding whitespace ignored)."""
+    return text.strip()
 
 
 def _answer_text(value: Any, where: str, field: str) -> str | None:
@@ -238,7 +249,7 @@ def _question_candidates(row: dict[str, Any], where: str) -> dict[str, str]:
         if col == "prompt" and isinstance(value, (list, tuple)):  # verl chat format
             users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
             value = _strip_template(users[-1]) if users and isinstance(users[-1], str) else None
-        text = _text(value, where, col)
+        text = _text(value, where, col, raw=True)
         if text:
             found[col] = text
     return found
@@ -256,10 +267,9 @@ def _answer_candidates(row: dict[str, Any], where: str) -> dict[str, str]:
 def _pick(found: dict[str, str], field: str, accepted: Sequence[str], where: str) -> str:
     if not found:
         raise DataError(f"{where}: missing field {field!r} (accepted columns: {', '.join(accepted)})")
-    values = set(found.values())
-    if len(values) > 1:
+    if len({_same(v) for v in found.values()}) > 1:
         raise DataError(f"{where}: ambiguous {field!r}: columns {sorted(found)} disagree; keep only one")
-    return values.pop()
+    return next(iter(found.values()))  # the first accepted column, as given
 
 
 def extract(row: dict[str, Any], where: str) -> tuple[str, str]:
@@ -325,11 +335,12 @@ def build_rows(
         if english_only and not is_english(question):
             summary.non_english += 1
             continue
-        if (question, answer) in seen:
+        key = (_same(question), answer)
+        if key in seen:
             summary.duplicates += 1
             continue
-        seen.add((question, answer))
-        answers_by_question.setdefault(question, set()).add(answer)
+        seen.add(key)
+        answers_by_question.setdefault(key[0], set()).add(answer)
         pairs.append((question, answer))
     summary.unique = len(pairs)
     summary.conflicting_answers = sum(len(a) > 1 for a in answers_by_question.values())

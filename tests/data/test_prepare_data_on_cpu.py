@@ -79,6 +79,53 @@ def test_malformed_row_names_row_and_field_and_writes_nothing(prepare_data, tmp_
     assert os.listdir(tmp_path) == ["bad.jsonl"]
 
 
+# An AMC-2023-style problem whose raw text ends in a space, and one with a leading newline, a tab and double spaces.
+RAW_TRAILING_SPACE = "How many positive integers $n$ satisfy $n^2 < 50$? "
+RAW_WHITESPACE = "\n  Let $f(x) = x^2$.\tCompute  $f(3)$.\n"
+
+
+def test_raw_problem_text_is_kept_byte_for_byte(prepare_data, tmp_path):
+    """The prompt is PRE + the raw problem + POST with no whitespace normalisation (the authors' files keep the text
+    as given), and the tool rebuilds the same file from its own output (verl schema in, raw text recovered)."""
+    src = write_jsonl(tmp_path / "amc.jsonl", [{"problem": RAW_TRAILING_SPACE, "answer": "7"},
+                                               {"problem": RAW_WHITESPACE, "answer": 9}])
+    out = tmp_path / "amc-2023.parquet"
+    prepare_data.prepare("amc-2023", source=str(src), output=str(out), repeat=2)
+    rows = pq.read_table(out).to_pylist()
+    # hand-written expected bytes: "...answer to the problem.\n\n" + raw + "\n\nRemember..."
+    assert rows[0]["prompt"][0]["content"] == (
+        "Solve the following math problem step by step. The last line of your response should be of the form "
+        "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+        "How many positive integers $n$ satisfy $n^2 < 50$? \n\n"
+        'Remember to put your answer on its own line after "Answer:".'
+    )
+    assert [r["extra_info"]["raw_problem"] for r in rows] == [RAW_TRAILING_SPACE] * 2 + [RAW_WHITESPACE] * 2
+    assert rows[2]["prompt"][0]["content"] == prepare_data.PRE + RAW_WHITESPACE + prepare_data.POST
+    # round trip: the written file as input (templated prompts) gives back the raw problems and the same bytes
+    again = tmp_path / "again.parquet"
+    prepare_data.prepare("amc-2023", source=str(out), output=str(again), repeat=2)
+    assert pq.read_table(again).to_pylist() == rows
+    # (the 2 x 2 input rows are 2 problems: duplicates are dropped before repeating)
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_dedup_compares_stripped_text_but_keeps_the_raw_text(prepare_data, tmp_path):
+    rows = [{"problem": RAW_TRAILING_SPACE, "answer": "7"},
+            {"problem": RAW_TRAILING_SPACE.strip(), "answer": "7"},  # same problem up to whitespace: a duplicate
+            {"problem": "\t" + RAW_TRAILING_SPACE.strip(), "answer": "8"},  # same problem, another answer
+            {"problem": "  \n", "answer": "1"}]  # whitespace only: no problem
+    src = write_jsonl(tmp_path / "train.jsonl", rows[:3])
+    out = tmp_path / "train.parquet"
+    summary = prepare_data.prepare("dapo-math-17k", source=str(src), output=str(out))
+    assert (summary.duplicates, summary.unique, summary.conflicting_answers) == (1, 2, 1)
+    got = pq.read_table(out).to_pylist()
+    assert [r["extra_info"]["raw_problem"] for r in got] == [RAW_TRAILING_SPACE, "\t" + RAW_TRAILING_SPACE.strip()]
+    with pytest.raises(prepare_data.DataError, match=r"row 1: missing field 'problem'"):
+        prepare_data.extract(rows[3], "row 1")
+    # two question columns equal up to whitespace are not ambiguous; the first accepted column's raw text is kept
+    assert prepare_data.extract({"problem": "Q ", "question": "Q", "answer": "1"}, "r") == ("Q ", "1")
+
+
 def test_ambiguous_and_invalid_inputs(prepare_data, tmp_path):
     src = write_jsonl(tmp_path / "amb.jsonl", [{"problem": "A", "question": "B", "answer": "1"}])
     with pytest.raises(prepare_data.DataError, match=r"row 1: ambiguous 'problem'"):

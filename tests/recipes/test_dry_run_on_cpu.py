@@ -182,12 +182,26 @@ def test_7b_values_match_spec_table(row, stub_optim_dir: str):
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (2048, 2048)
     assert actor.ppo_max_token_len_per_gpu == factor * 4096
     assert cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == factor * 4096
+    assert cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == factor * 4096
     assert [Path(f).name for f in cfg.data.val_files] == ["amc-2023.parquet", "aime-2024.parquet", "aime-2025.parquet"]
     assert (_is_schedulefree(script), optim) in ((True, "schedulefree"), (False, "adamw"))
     if optim == "adamw":
         assert (actor.optim.optimizer_impl, actor.optim.optimizer) == ("torch.optim", "AdamW")
     elif schedulefree_available():  # never silently AdamW
         assert (actor.optim.optimizer_impl, actor.optim.optimizer) != ("torch.optim", "AdamW")
+
+
+def test_7b_hard_clip_rf_script_token_budget_is_p_plus_r():
+    """The authors' run_rpg_7b_rkl1e-4_rf.sh sets all three dynamic-batch budgets (actor, rollout and ref
+    log-prob) to max_prompt_length + max_response_length; only their *_rf_clip_ppo* scripts use 4·(P+R)."""
+    cfg = validated(RECIPE / "7b" / "run_rpg_7b_rkl1e-4_rf.sh").config
+    p_plus_r = cfg.data.max_prompt_length + cfg.data.max_response_length
+    arr = cfg.actor_rollout_ref
+    budgets = (arr.actor.ppo_max_token_len_per_gpu, arr.rollout.log_prob_max_token_len_per_gpu,
+               arr.ref.log_prob_max_token_len_per_gpu)
+    assert budgets == (p_plus_r,) * 3 == (4096,) * 3
+    clip_ppo = validated(RECIPE / "7b" / "run_rpg_7b_rkl1e-4_rf_clip_ppo.sh").config.actor_rollout_ref
+    assert clip_ppo.actor.ppo_max_token_len_per_gpu == 4 * p_plus_r
 
 
 @pytest.mark.parametrize("stem", sorted(PAPER_4B))
