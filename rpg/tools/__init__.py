@@ -1,0 +1,1 @@
+"""Command-line tools of rpg-verl (``python -m rpg.tools.<name>``; console scripts ``rpg-<name>``)."""
