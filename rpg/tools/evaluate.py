@@ -257,7 +257,8 @@ def resolve_model(model: str) -> ResolvedModel:
     if (path / TRACKER_FILE).is_file():
         from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
-        latest = find_latest_ckpt_path(str(path))
+        with contextlib.redirect_stdout(sys.stderr):  # verl prints what it found; stdout carries the results table
+            latest = find_latest_ckpt_path(str(path))
         if latest is None:
             tracked = (path / TRACKER_FILE).read_text().strip()
             raise EvaluateError(f"--model {model}: {TRACKER_FILE} names step {tracked!r} but "
