@@ -16,7 +16,7 @@ from pathlib import Path
 from test_registration_on_cpu import EXPECTED_LOSSES
 
 REPO = Path(__file__).resolve().parents[1]
-CONSOLE_SCRIPTS = ("rpg-prepare-data", "rpg-report", "rpg-tiny-model")
+CONSOLE_SCRIPTS = ("rpg-prepare-data", "rpg-report", "rpg-tiny-model", "rpg-evaluate")
 
 PROBE = textwrap.dedent(
     """
@@ -81,7 +81,7 @@ def test_wheel_installs_and_registers_everything(tmp_path):
     assert (got["n"], got["reward_manager"]) == (16, "dapo")  # rpg_trainer.yaml over verl's ppo_trainer
     assert got["scripts"] == {
         "rpg-prepare-data": "rpg.tools.prepare_data", "rpg-report": "rpg.tools.report",
-        "rpg-tiny-model": "rpg.tools.tiny_model",
+        "rpg-tiny-model": "rpg.tools.tiny_model", "rpg-evaluate": "rpg.tools.evaluate",
     }  # fmt: skip
     for script in CONSOLE_SCRIPTS:
         assert (venv / "bin" / script).is_file()

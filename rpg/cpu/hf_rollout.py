@@ -56,7 +56,8 @@ import torch
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
-__all__ = ["HFReplica", "HFRolloutServer", "HFServerAdapter", "SamplingSpec", "decode_batch", "server_name"]
+__all__ = ["HFReplica", "HFRolloutServer", "HFServerAdapter", "SamplingSpec", "decode_batch", "load_model", "request_seed",
+           "server_name"]
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.environ.get("VERL_LOGGING_LEVEL", "INFO"))
@@ -233,6 +234,24 @@ def decode_batch(model: torch.nn.Module, prompts: list[list[int]], specs: list[S
     return [(out_ids[i], out_lps[i] if specs[i].logprobs else []) for i in range(bsz)]
 
 
+def load_model(path: str, attn_implementation: str = "eager") -> tuple[torch.nn.Module, tuple[int, ...], int]:
+    """An fp32 causal LM in eval mode, its stop ids and its pad id (shared by the server and ``rpg-evaluate``).
+
+    Returns:
+        ``(model, eos_token_ids, pad_token_id)``: the stop ids are ``generation_config.eos_token_id`` (int or list),
+        else ``config.eos_token_id``; the pad id is the generation config's, else the config's, else the first stop id.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
+    model.eval()
+    gen_cfg = model.generation_config
+    eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else model.config.eos_token_id
+    eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+    pad = gen_cfg.pad_token_id if gen_cfg.pad_token_id is not None else model.config.pad_token_id
+    return model, eos_token_ids, int(pad if pad is not None else (eos_token_ids or (0,))[0])
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # the server (a Ray actor in CPU runs; a plain object in unit tests)
 # ----------------------------------------------------------------------------------------------------------------------
@@ -252,8 +271,6 @@ class HFRolloutServer:
     """
 
     def __init__(self, config: Any, model_config: Any, replica_rank: int = 0, rollout_mode: Any = None):
-        from transformers import AutoModelForCausalLM
-
         torch.set_num_threads(int(os.environ.get("RPG_HF_ROLLOUT_THREADS", "1")))
         self.config = config
         self.replica_rank = replica_rank
@@ -263,12 +280,7 @@ class HFRolloutServer:
         path = _cfg_get(model_config, "local_path") or _cfg_get(model_config, "path")
         override = _cfg_get(model_config, "override_config", None) or {}
         attn = _cfg_get(override, "attn_implementation", None) or "eager"
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).eval()
-        gen_cfg = self.model.generation_config
-        eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else self.model.config.eos_token_id
-        self.eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-        pad = gen_cfg.pad_token_id if gen_cfg.pad_token_id is not None else self.model.config.pad_token_id
-        self.pad_token_id = int(pad if pad is not None else (self.eos_token_ids or (0,))[0])
+        self.model, self.eos_token_ids, self.pad_token_id = load_model(path, attn)
         self.tied_keys = {k for k in self.model.state_dict() if k == "lm_head.weight"} \
             if getattr(self.model.config, "tie_word_embeddings", False) else set()
         self.global_steps = 0  # an int before the first update (the v1 trainer casts it with int())
