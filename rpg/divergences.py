@@ -100,6 +100,10 @@ class Divergence:
             whether the `kl_clamp` option acts on it.
         ratio_dependent_kl: whether C_KL depends on w (all but FKL, whose C_KL is the constant ρ), i.e. whether the
             `kl_ratio` option (C_KL at w̄ or w) acts on it.
+        surrogate_adds_rho: whether `surrogate` is the paper's Table 1/4 loss plus the constant ρ (URKL only: Table 1
+            has `w·log w − w`, the surrogate `w·k3(ρ/w)` adds ρ so that it is a non-negative estimate). The constant
+            does not change an additive regulariser's gradient, but it does change the θ-dependent Â of the literal
+            Algorithm 1 (`kl_placement="inside_clip"`), which uses the Table loss itself.
     """
 
     name: str
@@ -110,6 +114,13 @@ class Divergence:
     estimate: RatioFn
     reference_clamps: bool
     ratio_dependent_kl: bool
+    surrogate_adds_rho: bool = False
+
+    def table_loss(self, log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
+        """The paper's Table 1/4 per-token loss (generalised to ρ ≠ 1 as `surrogate` is): `surrogate` minus its
+        added constant."""
+        surrogate = self.surrogate(log_w, w, log_rho, rho)
+        return surrogate - rho if self.surrogate_adds_rho else surrogate
 
 
 DIVERGENCES: dict[str, Divergence] = {
@@ -118,7 +129,8 @@ DIVERGENCES: dict[str, Divergence] = {
         Divergence("fkl", "FKL", "KL(π_ref‖π_θ)", _fkl_surrogate, _fkl_component, _ufkl_surrogate, False, False),
         Divergence("rkl", "RKL", "KL(π_θ‖π_ref)", _rkl_surrogate, _rkl_component, _urkl_surrogate, True, True),
         Divergence("ufkl", "UFKL", "UKL(π_ref‖π_θ)", _ufkl_surrogate, _ufkl_component, _ufkl_surrogate, True, True),
-        Divergence("urkl", "URKL", "UKL(π_θ‖π_ref)", _urkl_surrogate, _urkl_component, _urkl_surrogate, True, True),
+        Divergence("urkl", "URKL", "UKL(π_θ‖π_ref)", _urkl_surrogate, _urkl_component, _urkl_surrogate, True, True,
+                   surrogate_adds_rho=True),
     )
 }
 

@@ -12,8 +12,9 @@ Families
     G.1) on the detached advantage plus the unclipped regulariser, per token
     `L = L_dualclip(w, A) + β·D̂(w)`; inside the trust region `∇L = −(w·A + C_KL)·∇log π_θ`, the exact gradient of
     Props. E.1, E.3, 3.2, 3.6.
-  - `kl_placement="inside_clip"` (literal Algorithm 1): dual clip on the θ-dependent `Â = A − β·D̂(w)/w`, which
-    makes `−w·Â` the exact Table 1/4 surrogate when unclipped (SPEC §4.2.3 table; the paper's own example Â's are
+  - `kl_placement="inside_clip"` (literal Algorithm 1): dual clip on the θ-dependent `Â = A − β·T(w)/w`, T the
+    Table 1/4 loss (URKL: without the surrogate's constant), which makes `−w·Â` the exact Table 1/4 surrogate when
+    unclipped (SPEC §4.2.3 table; the paper's own example Â's are
     the REINFORCE forms and are off by `+β·w·∇log π` per sample).
 * **RPG-REINFORCE with RPG-Style Clip** (`rpg_reinforce_<div>`, Algorithm 2, Table 2 / App. F): per token with
   `ℓ = −log π_θ` (the only place the gradient enters), `C = β·C_KL` (at w̄ = clip(w) per Remark F.2 by default) and
@@ -150,7 +151,8 @@ def rpg_fully_differentiable(
     """RPG-<DIV>: fully differentiable surrogate with dual clip (Algorithm 1; SPEC §4.2.2 / §4.2.3).
 
     additive:    L = L_dualclip(w, SG(A)) + β·clamp?(D̂(w, ρ))
-    inside_clip: L = L_dualclip(w, Â),  Â = A − β·D̂(w, ρ)/w   (gradient flows through w and Â)
+    inside_clip: L = L_dualclip(w, Â),  Â = A − β·T(w, ρ)/w   (gradient flows through w and Â; T the Table 1/4
+                 loss, i.e. D̂ without URKL's added constant ρ)
 
     `kl_clamp` (authors' code: 10, all divergences but FKL) clamps D̂; None = paper.
     Shapes: all inputs (bs, T); `response_mask` bool. Every term is exactly 0 on padding (w = 1, A = 0, ρ = 1).
@@ -160,7 +162,8 @@ def rpg_fully_differentiable(
     w = torch.exp(log_w)
     log_rho, rho = reference_ratio(old_log_prob, ref_log_prob, mask)
     adv = torch.where(mask, advantages.detach(), 0.0)
-    surrogate = div.surrogate(log_w, w, log_rho, rho)
+    # inside_clip puts the Table 1/4 loss itself in Â: a constant in it would move Â, its clip branch and gradient
+    surrogate = (div.table_loss if kl_placement == "inside_clip" else div.surrogate)(log_w, w, log_rho, rho)
     if kl_clamp is not None and div.reference_clamps:
         surrogate = surrogate.clamp(-kl_clamp, kl_clamp)
     if kl_placement == "additive":

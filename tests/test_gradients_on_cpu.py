@@ -146,6 +146,35 @@ def test_inside_clip_differs_from_the_papers_example_advantage():
     assert per_token_error("fd_inside", "urkl", 2) < 1e-10
 
 
+# The per-token losses of the paper's Table 1 (UFKL, URKL) and Table 4 (FKL, RKL) at ρ ≡ 1, written out here
+# independently of rpg.divergences (whose surrogates may differ from them by constants).
+PAPER_TABLE_LOSS = {
+    "fkl": lambda lw, w: -lw,
+    "ufkl": lambda lw, w: w - lw - 1.0,
+    "rkl": lambda lw, w: w * lw,
+    "urkl": lambda lw, w: w * lw - w,
+}
+
+
+@pytest.mark.parametrize("div", DIVS)
+def test_inside_clip_is_literal_algorithm_1_with_the_table_loss_outside_the_trust_region(div):
+    """kl_placement=inside_clip is Algorithm 1 with the θ-dependent Â = A − β·T(w)/w, T the Table 1/4 loss, so that
+    −w·Â = −w·A + β·T(w) unclipped: dual clip on Â (−Â·min(w, 1+ε2) if Â ≥ 0, −Â·clip(w, 1−ε1, c) if Â < 0), values
+    and per-token gradients, with many ratios outside [1−ε1, 1+ε2]. A constant added to T leaves the unclipped
+    gradient unchanged but changes Â, the clip branch and the clipped gradient; this test pins the constant."""
+    theta, log_old, _, adv = make_problem(5, spread=1.5)
+    th = theta.clone().requires_grad_(True)
+    log_w = torch.log_softmax(th, -1) - log_old
+    w = log_w.exp()
+    assert ((w < 0.8) | (w > 1.28)).sum() >= 3
+    adv_hat = adv - BETA * PAPER_TABLE_LOSS[div](log_w, w) / w
+    positive = adv_hat.detach() >= 0
+    expected = torch.where(positive, -adv_hat * torch.clamp(w, max=1.28), -adv_hat * torch.clamp(w, 0.8, 10.0))
+    loss, th_l, _ = token_loss("fd_inside", div, theta, log_old, adv, clip=PAPER)
+    assert (loss.detach() - expected.detach()).abs().max() < 1e-12
+    assert (per_token_grads(loss, th_l) - per_token_grads(expected, th)).abs().max() < 1e-12
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # mutation tests: the checks above must fail when the math is wrong
 # ---------------------------------------------------------------------------------------------------------------
