@@ -176,7 +176,8 @@ def test_checks_detect_a_perturbed_surrogate(div):
 @pytest.mark.parametrize("family", ["fd", "reinforce_raw"])
 @pytest.mark.parametrize("div", DIVS)
 def test_checks_detect_a_dropped_rho(div, family, monkeypatch):
-    """With a frozen reference, computing the KL as if ρ ≡ 1 (the authors' D10 mistake in spirit) is caught."""
+    """With a frozen reference, computing the KL as if ρ ≡ 1 (the authors' mistake in spirit,
+    docs/differences.md#d10) is caught."""
     assert expectation_error(family, div, 4, "frozen")[0] < 1e-10
     monkeypatch.setattr(L, "reference_ratio", lambda old, ref, mask: (0.0, 1.0))
     assert expectation_error(family, div, 4, "frozen")[0] > 1e-4
