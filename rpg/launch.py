@@ -281,7 +281,7 @@ def _rule_no_kl_in_reward(config: DictConfig, settings) -> Optional[str]:
         return (
             "algorithm.use_kl_in_reward=True cannot be combined with an RPG loss: verl's in-reward KL is evaluated "
             "at π_old/π_ref before the update, summed into the advantage and multiplied by w, which realises no RPG "
-            "estimator (SPEC §11 D2) and would add a second KL on top of the loss's own. Set "
+            "estimator (docs/differences.md#d2) and would add a second KL on top of the loss's own. Set "
             "algorithm.use_kl_in_reward=False; the RPG KL is the loss's policy_loss.kl_coef (β)."
         )
     return None
@@ -330,7 +330,7 @@ def validate_rpg(config: DictConfig):
     * RPG loss ⇒ `policy_loss._target_` is `rpg.RPGPolicyLossConfig` and its fields are valid, including that no
       option is set that cannot change this loss or reference mode (`rpg.config.ineffective_options`);
     * RPG loss ⇒ `algorithm.rollout_correction.bypass_mode=False` (rpg.config.BYPASS_ERROR);
-    * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (SPEC §11 D2);
+    * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (docs/differences.md#d2);
     * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
     * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
       `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
@@ -386,7 +386,8 @@ def _rule_overlong_buffer(config: DictConfig) -> Optional[str]:
     if max_resp != config.data.max_response_length:
         return (
             f"reward.reward_kwargs.max_resp_len={max_resp} must equal data.max_response_length="
-            f"{config.data.max_response_length} (the DAPO overlong penalty is measured from it, SPEC §7.4)"
+            f"{config.data.max_response_length} (the DAPO overlong penalty is measured from it, "
+            "docs/differences.md#s7-4)"
         )
     if not (isinstance(length, int) and 0 < length <= max_resp):
         return (

@@ -42,7 +42,7 @@ def run_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "ru
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)  # main_ppo tears Ray down on SIGINT (cpu-rl-demo.md §5.10)
+            os.killpg(proc.pid, signal.SIGINT)  # main_ppo tears Ray down on SIGINT
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

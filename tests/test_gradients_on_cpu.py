@@ -1,4 +1,4 @@
-"""Exact-enumeration gradient tests of every RPG loss against the paper's closed-form gradients (SPEC §13.3).
+"""Exact-enumeration gradient tests of every RPG loss against the paper's closed-form gradients (docs/losses.md#tests).
 
 For each loss the autograd gradient of the per-token loss is compared with
   * per token:     ∇L_y = −Weight(y)·∇log π_θ(y)      (Weight from the propositions, tests/rpg_oracles.py)
@@ -82,7 +82,8 @@ def test_expected_gradient_equals_closed_form(div, family, mode, seed):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("div", DIVS)
 def test_per_token_gradient_equals_weight(div, family, mode):
-    """∇L_y = −Weight(y)·∇log π_θ(y) for every sample y, not only in expectation (SPEC §3.1 per-sample check)."""
+    """∇L_y = −Weight(y)·∇log π_θ(y) for every sample y, not only in expectation
+    (docs/losses.md#fully-differentiable-surrogates)."""
     assert per_token_error(family, div, 3, mode) < 1e-10
 
 
@@ -100,7 +101,7 @@ def test_paper_clips_in_trust_region_are_exact(div, family):
 
 def test_u_variants_are_control_variates_of_each_other():
     """UFKL≡FKL and URKL≡RKL in expectation (E_old[w∇log π] = 0) while their per-token gradients differ by β·w·∇log π
-    (SPEC §2.3) — in both families."""
+    (docs/losses.md#control-variates) — in both families."""
     theta, log_old, _, adv = make_problem(11, spread=0.8)
     w = (torch.log_softmax(theta, -1) - log_old).exp()
     glp = grad_log_pi(theta)
@@ -133,8 +134,9 @@ def test_hardclip_weight_is_truncated_is(div):
 
 
 def test_inside_clip_differs_from_the_papers_example_advantage():
-    """SPEC §4.2.3: the paper's example Â_URKL = A − β·log w inside Algorithm 1 yields the RKL estimator (an extra
-    +β·w·∇log π per sample), while our inside_clip Â = A − β(log w − 1) is the exact URKL one."""
+    """The paper's example Â_URKL = A − β·log w inside Algorithm 1 yields the RKL estimator (an extra +β·w·∇log π
+    per sample), while our inside_clip Â = A − β(log w − 1) is the exact URKL one
+    (docs/losses.md#paper-example-advantages)."""
     theta, log_old, _, adv = make_problem(2, spread=0.5)
     th = theta.clone().requires_grad_(True)
     log_w = torch.log_softmax(th, -1) - log_old
@@ -203,7 +205,8 @@ def test_checks_detect_a_perturbed_surrogate(div):
 @pytest.mark.parametrize("family", ["fd", "reinforce_raw"])
 @pytest.mark.parametrize("div", DIVS)
 def test_checks_detect_a_dropped_rho(div, family, monkeypatch):
-    """With a frozen reference, computing the KL as if ρ ≡ 1 (the authors' D10 mistake in spirit) is caught."""
+    """With a frozen reference, computing the KL as if ρ ≡ 1 (the authors' mistake in spirit,
+    docs/differences.md#d10) is caught."""
     assert expectation_error(family, div, 4, "frozen")[0] < 1e-10
     monkeypatch.setattr(L, "reference_ratio", lambda old, ref, mask: (0.0, 1.0))
     assert expectation_error(family, div, 4, "frozen")[0] > 1e-4

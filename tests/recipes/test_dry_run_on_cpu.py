@@ -1,5 +1,5 @@
 """Every recipe script composes and validates against verl 0.9.1's real config, with the values the paper and the
-authors' scripts state (SPEC §7.5, §9.2, §9.3).
+authors' scripts state (paper App. H; docs/differences.md#s7-5, #authors-scripts).
 
 Fast path: each script runs in the launcher's print mode (RPG_PRINT_ARGV=1: bash only, prints the final command as
 JSON), and its overrides are composed + validated in this process by `rpg.launch.compose_and_validate` (verl's
@@ -30,7 +30,7 @@ from recipe_helpers import (
     validated,
 )
 
-# The authors' 60 scripts (SPEC §9.3), in our terms:
+# The authors' 60 scripts (docs/differences.md#authors-scripts), in our terms:
 # (file, adv_estimator, loss_mode, β (None: not an RPG loss), clip low, clip high, lr, verl KL loss (type, coef) or
 #  None, dynamic sampling, overlong penalty, model, token budget factor × (P+R), optimizer)
 AUTHORS_7B = [
@@ -96,7 +96,7 @@ AUTHORS_7B = [
     ("run_rpg_7b_urkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
 ]  # fmt: skip
 
-# The paper's Qwen3-4B runs (SPEC §7.5, §8): method stem → (adv_estimator, loss_mode, β, clip low/high,
+# The paper's Qwen3-4B runs (paper App. H, Tables 3, 5–7): method stem → (adv_estimator, loss_mode, β, clip low/high,
 # verl KL loss, dynamic sampling, overlong). Every method exists at 2K, 4K and 8K (`run_<stem>_<ctx>k.sh`).
 PAPER_4B = {
     "grpo": ("grpo", "vanilla", None, (0.2, 0.2), ("low_var_kl", 1e-3), False, False),
@@ -236,8 +236,8 @@ def test_4b_ablations(name: str):
 
 
 def test_common_paper_hyperparameters():
-    """SPEC §7.5 / §9.2 settings shared by every script (checked on one; they come from one place,
-    rpg/config/rpg_trainer.yaml, and common.sh for the context-dependent ones)."""
+    """Paper App. H / docs/differences.md#s7-5 settings shared by every script (checked on one; they come from one
+    place, rpg/config/rpg_trainer.yaml, and common.sh for the context-dependent ones)."""
     v = validated(RECIPE / "4b" / "run_rpg_reinforce_urkl_8k.sh")
     cfg, actor, rollout = v.config, v.config.actor_rollout_ref.actor, v.config.actor_rollout_ref.rollout
     assert (cfg.data.train_batch_size, rollout.n, actor.ppo_mini_batch_size, actor.ppo_epochs) == (512, 16, 32, 1)

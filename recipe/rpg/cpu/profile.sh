@@ -54,7 +54,7 @@ _rpg_fp32='{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
 
 RPG_PROFILE_OVERRIDES=(
   # machine: one fake GPU per node (verl's resource pool asks for GPU bundles), 16 logical CPUs for Ray's actors,
-  # one TransferQueue storage unit, one agent-loop and one reward worker, no dataloader workers (cpu-rl-demo.md §2)
+  # one TransferQueue storage unit, one agent-loop and one reward worker, no dataloader workers (docs/cpu.md#profile)
   trainer.device=cpu
   trainer.nnodes=1
   trainer.n_gpus_per_node=1
