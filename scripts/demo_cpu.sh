@@ -11,11 +11,13 @@
 # 4. prints validation accuracy before/after and writes the curves (scripts/report.py) to artifacts/demo/.
 #
 # Knobs (environment): CPU_STEPS (default 50), CPU_TEST_FREQ (10), CPU_SEED (0), CPU_LR (1e-4), CPU_MINI_BATCH (8), DEMO_OUT
-# (artifacts/demo), DEMO_VAL_N (4 samples per validation prompt).
+# (artifacts/demo), DEMO_VAL_N (4 samples per validation prompt), CPU_ROLLOUT (hf; vllm: verl's vLLM rollout, builds
+# .venv-vllm first), CPU_DTYPE (fp32) and the other knobs of recipe/rpg/cpu/profile.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash "$ROOT/scripts/setup_env.sh"
+if [[ "${CPU_ROLLOUT:-hf}" == vllm ]]; then bash "$ROOT/scripts/setup_env.sh" --vllm; fi  # verl's vLLM rollout
 PY="$ROOT/.venv/bin/python"
 
 export CPU_STEPS=${CPU_STEPS:-50} CPU_TEST_FREQ=${CPU_TEST_FREQ:-10} CPU_SEED=${CPU_SEED:-0}

