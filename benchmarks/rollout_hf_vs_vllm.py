@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The CPU demo with the hf rollout against verl's vLLM rollout, end to end, interleaved (each run takes minutes).
 
-    python benchmarks/rollout_hf_vs_vllm.py [--runs 2] [--steps 20] [--lock /tmp/rpg-e2e.lock] [--out artifacts/bench-rollout]
+    python benchmarks/rollout_hf_vs_vllm.py [--runs 2] [--steps 20] [--lock FILE] [--out artifacts/bench-rollout]
 
 Each run is `scripts/demo_cpu.sh` (RPG-REINFORCE-URKL on the tiny task: 16 prompts × 8 responses, two updates per
 step, validation before training and every 10 steps on 200 held-out prompts × 4 samples) with ``CPU_ROLLOUT=hf``

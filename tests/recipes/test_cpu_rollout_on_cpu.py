@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from recipe_helpers import RECIPE, run_script
+from recipe_helpers import RECIPE, clean_env, run_script
 
 URKL = RECIPE / "cpu" / "run_rpg_reinforce_urkl.sh"
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
@@ -85,3 +87,12 @@ def test_bf16_is_verls_default_mixed_precision_and_a_bf16_vllm(vllm_venv: Path):
 def test_bad_values_fail_early_with_the_fix(env: dict, needle: str):
     proc = run_script(URKL, RPG_PRINT_ARGV="1", **env)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+
+
+def test_no_module_of_the_gpu_or_hf_path_imports_the_vllm_patches():
+    """rpg.cpu.vllm_compat is loaded only through VERL_USE_EXTERNAL_MODULES with CPU_ROLLOUT=vllm."""
+    probe = ("import sys, rpg, rpg.verl_plugin, rpg.launch, rpg.reference, rpg.schedule_free, rpg.cpu.platform, "
+             "rpg.cpu.hf_rollout, rpg.cpu.sampler; print(sorted(m for m in sys.modules if 'vllm_compat' in m))")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=clean_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]"

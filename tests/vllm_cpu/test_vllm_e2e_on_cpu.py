@@ -18,8 +18,8 @@ ufkl_frozen_bf16       RPG-UFKL against the frozen initial model (verl's referen
                        default FSDP mixed precision, vLLM in bfloat16): metrics finite, the gap reported
 urkl_periodic          periodic reference, K = 2 optimizer steps (one per training step): refreshed at step 2 only,
                        the reference equals the policy afterwards; gap < 1e-3
-dapo_schedulefree      DAPO with `filter_groups` and OPTIM=schedulefree (the authors' DAPO schedule-free scripts): groups
-                       evicted and refilled through vLLM; validation pushes x to vLLM and y back, so the rollouts of
+dapo_schedulefree      DAPO with `filter_groups` and OPTIM=schedulefree (as the authors' DAPO schedule-free scripts):
+                       groups evicted and refilled through vLLM; validation pushes x to vLLM and y back, so the rollouts of
                        the step after a validation still come from y (gap < 1e-3)
 =====================  =================================================================================================
 
@@ -113,12 +113,14 @@ def test_ufkl_frozen_reference_bf16(tiny_dir, tmp_path):
     overrides = [*SMALL_VAL, "trainer.val_before_train=False", "actor_rollout_ref.actor.use_kl_loss=True",
                  "actor_rollout_ref.actor.kl_loss_coef=0.0", "+actor_rollout_ref.actor.policy_loss.reference=frozen"]
     records, console = run_cpu_recipe(tmp_path, "ufkl_frozen_bf16", overrides, script="run_rpg_ufkl.sh",
-                                      CPU_STEPS="2", CPU_TEST_FREQ="2", CPU_DTYPE="bf16", **SIZES)  # fmt: skip
+                                      CPU_STEPS="2", CPU_TEST_FREQ="2", CPU_DTYPE="bf16",
+                                      VLLM_LOGGING_LEVEL="INFO", **SIZES)  # fmt: skip  (vLLM logs its engine config)
     train = training_steps(records)
     print(f"\n[vllm ufkl frozen bf16] {GAP} per step: {gaps(train)}; "
           f"max {[train[s]['training/rollout_probs_diff_max'] for s in sorted(train)]}")
     assert sorted(train) == [1, 2]
-    assert "dtype=torch.bfloat16" in console, "vLLM must run in bfloat16"
+    engine = [line for line in console.splitlines() if "Initializing a V1 LLM engine" in line]
+    assert engine and all("dtype=torch.bfloat16" in line for line in engine), f"vLLM must run in bfloat16: {engine}"
     for step, data in train.items():
         check_rpg_step(step, data)
         assert "timing_s/ref" in data, "frozen reference: verl's reference worker runs every step"

@@ -29,7 +29,8 @@ _rpg_cpu_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 # ---- CPU_ROLLOUT (hf | vllm) and CPU_DTYPE (fp32 | bf16): rollout backend, its environment and precision -----------
 : "${CPU_ROLLOUT:=hf}" "${CPU_DTYPE:=fp32}"
 case "$CPU_DTYPE" in
-  fp32) _rpg_cpu_mixed_precision='{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}' _rpg_cpu_rollout_dtype=float32 ;;
+  fp32) _rpg_cpu_mixed_precision='{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
+        _rpg_cpu_rollout_dtype=float32 ;;
   bf16) _rpg_cpu_mixed_precision='' _rpg_cpu_rollout_dtype=bfloat16 ;;  # verl's defaults, as on GPU
   *) echo "[rpg] error: CPU_DTYPE='$CPU_DTYPE' is not valid; choose one of: fp32 bf16" >&2; exit 2 ;;
 esac
@@ -48,7 +49,8 @@ case "$CPU_ROLLOUT" in
         exit 2
       fi
     fi
-    if [[ ",${VERL_USE_EXTERNAL_MODULES:-}," == *,rpg.cpu.platform,* && "$VERL_USE_EXTERNAL_MODULES" != rpg.cpu.vllm_compat,* ]]; then
+    if [[ ",${VERL_USE_EXTERNAL_MODULES:-}," == *,rpg.cpu.platform,* \
+          && "$VERL_USE_EXTERNAL_MODULES" != rpg.cpu.vllm_compat,* ]]; then
       echo "[rpg] error: CPU_ROLLOUT=vllm needs rpg.cpu.vllm_compat first in VERL_USE_EXTERNAL_MODULES" \
         "('$VERL_USE_EXTERNAL_MODULES'); unset it and the CPU profile sets it" >&2
       exit 2
@@ -153,4 +155,5 @@ RPG_PROFILE_OVERRIDES=(
   trainer.resume_mode=disable
   "trainer.logger=[console,file]"
 )
-unset _rpg_cpu_micro _rpg_cpu_mixed_precision _rpg_cpu_rollout_dtype _rpg_cpu_modules _rpg_cpu_rollout _rpg_cpu_precision
+unset _rpg_cpu_micro _rpg_cpu_mixed_precision _rpg_cpu_rollout_dtype _rpg_cpu_modules _rpg_cpu_rollout \
+  _rpg_cpu_precision
