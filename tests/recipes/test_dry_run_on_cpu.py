@@ -303,6 +303,43 @@ def test_thinking_knob_is_refused_outside_the_4b_scripts():
     assert proc.returncode == 2 and "THINKING" in proc.stderr and "setup_qwen3_4b" in proc.stderr, proc.stderr
 
 
+# The branch of Qwen3's chat template that `enable_thinking` selects (written here; nothing is downloaded): the
+# generation prompt gets an empty think block, so the model answers without thinking, only when it is `false`.
+QWEN3_LIKE_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("thinking, evaluate_kwargs", [(None, '{"enable_thinking": false}'),
+                                                       ("true", '{"enable_thinking": true}')])  # fmt: skip
+def test_thinking_reaches_verls_prompt_rendering_and_rpg_evaluate(thinking, evaluate_kwargs: str):
+    """`data.apply_chat_template_kwargs` is what verl 0.9.1's agent loop renders training and validation prompts with
+    (`AgentLoopWorker` hands `config.data.apply_chat_template_kwargs` to its Continuous-Token builder); rpg-evaluate,
+    given the README's `--chat-template-kwargs`, renders the same prompt ids."""
+    from cpu_trainer import ensure_tiny_model
+    from rpg.launch import compose_and_validate
+    from rpg.tools.evaluate import Problem, SamplingSettings, render_prompts
+    from transformers import AutoTokenizer
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    env = {"RPG_PRINT_ARGV": "1"} | ({"THINKING": thinking} if thinking else {})
+    proc = run_script(RECIPE / "4b" / "run_rpg_urkl_4k.sh", **env)
+    data_config = compose_and_validate(json.loads(proc.stdout)["argv"][3:]).config.data
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model() / "model")
+    tokenizer.chat_template = QWEN3_LIKE_TEMPLATE
+    messages = [{"role": "user", "content": "What is 1+1?"}]
+    builder = create_continuous_token_builder(
+        tokenizer, hf_model_type="qwen3", chat_template_kwargs=data_config.get("apply_chat_template_kwargs", {})
+    )  # as verl/experimental/agent_loop/agent_loop.py builds it
+    training = builder.build_initial_tokens(messages)
+    assert tokenizer.decode(training).endswith("<think>\n\n</think>\n\n") is (thinking is None)
+    problem = Problem(data_source="math_dapo", messages=messages, ground_truth="2", extra_info=None, file="-")
+    settings = SamplingSettings(chat_template_kwargs=json.loads(evaluate_kwargs))
+    assert render_prompts([problem], tokenizer, "qwen3", settings)[0] == [list(training)]
+
+
 @pytest.mark.parametrize(
     "kwargs, needle",
     [
