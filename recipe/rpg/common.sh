@@ -19,6 +19,7 @@
 #   RPG_DRY_RUN=1 compose + validate the full config, print it as YAML and exit (no Ray, a few seconds)
 #   RPG_PROFILE   gpu (default: the paper's setup) | cpu (sources recipe/rpg/cpu/profile.sh: tiny CPU run)
 #   OPTIM         adamw (default) | schedulefree (sources recipe/rpg/optim/schedulefree.sh)
+#   THINKING      false (default) | true: Qwen3's thinking mode, Qwen3-4B scripts only (setup_qwen3_4b)
 #   RPG_PRINT_ARGV=1  print the final command and environment as JSON and exit (no Python; used by the tests)
 #   WANDB_MODE=offline  log to ./wandb without a network (then `wandb sync`); the logger is console + wandb
 #
@@ -81,6 +82,8 @@ KL_LOSS_COEF=0.0
 DYNAMIC_SAMPLING=True   # DAPO group filtering on acc
 OVERLONG=True           # DAPO overlong penalty, buffer = response_length / 4 (512 at 2K, as the authors)
 VAL_SETS="aime-2024 aime-2025 amc-2023"
+ENABLE_THINKING=""      # Qwen3 chat template: data.apply_chat_template_kwargs.enable_thinking (setup_qwen3_4b sets it
+                        # from THINKING); empty: not passed, the model's template renders with its defaults
 RPG_SCRIPT_OVERRIDES=() # extra Hydra overrides of the script, placed after everything above
 
 RPG_DIVERGENCES="fkl rkl ufkl urkl"
@@ -93,9 +96,13 @@ _rpg_check_div() {
 # ---------------------------------------------------------------------------------------------------------------
 # setup_qwen3_4b CTX: the paper's main experiments (Qwen3-4B; Tables 3, 5, 6, 7). The paper does not say whether
 # the base or the post-trained checkpoint was used (docs/differences.md#s7-1); set MODEL_PATH to choose.
+# THINKING=false|true (default false): Qwen3's chat template thinks unless enable_thinking=False; the paper does not
+# say which mode it used. Off by default: its mean response lengths stay far below the limit at every context
+# (about 1.1K of 2K, Fig. 6) and it compares with the non-thinking Qwen3-4B-Instruct (§5); docs/differences.md#d26.
 setup_qwen3_4b() {
   case "${1:-}" in 2|4|8) CTX=$1 ;; *) rpg_die "setup_qwen3_4b: context '${1:-}' is not valid; choose one of: 2 4 8" ;; esac
   MODEL_PATH=${MODEL_PATH:-Qwen/Qwen3-4B}
+  ENABLE_THINKING=${THINKING:-false}  # checked by rpg.launch (true or false)
   VAL_SETS="aime-2024 aime-2025 amc-2023"
   if [[ "$CTX" == 4 ]]; then VAL_SETS+=" minerva-math olympiadbench"; fi  # Table 7 is reported at 4K only
 }
@@ -198,6 +205,10 @@ rpg_run() {
     for v in $VAL_SETS; do test_files+="${test_files:+$'\n'}$DATA_DIR/$v.parquet"; done
   fi
   local optim=${OPTIM:-adamw}
+  if [[ -n "${THINKING:-}" && -z "$ENABLE_THINKING" ]]; then
+    rpg_die "THINKING='$THINKING' is a knob of the Qwen3-4B scripts only (setup_qwen3_4b); unset it for this \
+script (for another model with a thinking mode: the override +data.apply_chat_template_kwargs.enable_thinking=true)"
+  fi
 
   # Everything fixed is in rpg/config/rpg_trainer.yaml; these are the knobs and what is computed from them.
   local -a common=(
@@ -232,6 +243,8 @@ rpg_run() {
     "trainer.n_gpus_per_node=$N_GPUS"
     "trainer.default_local_dir=$(_rpg_hydra_str "$ckpts_dir")"
   )
+  # chat template of training and validation prompts (verl's dataset and agent loop both read this key)
+  [[ -z "$ENABLE_THINKING" ]] || common+=("+data.apply_chat_template_kwargs.enable_thinking=$ENABLE_THINKING")
   if [[ "$LOSS_MODE" == rpg_* || "$LOSS_MODE" == grpo_wk3 ]]; then
     common+=(actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig)
     # RPGPolicyLossConfig fields (new to verl's yaml: `+`), only when set: the defaults live in rpg/config.py
