@@ -34,7 +34,7 @@ def batch_and_model(tiny_model_with_tokenizer):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_with_tokenizer, attn_implementation="eager",
                                                  torch_dtype=torch.float32)  # fmt: skip
-    batch = padded_batch(N, seed=7)
+    batch = padded_batch(N, seed=5)  # response tokens: 15 on rank 0, 26 on rank 1; micro-batches 9, 6 | 18, 8
     with torch.no_grad():
         current = response_log_probs(model, batch)
     g = torch.Generator().manual_seed(3)
