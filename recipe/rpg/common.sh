@@ -313,14 +313,31 @@ available yet ($optim_dir/schedulefree.sh is missing); refusing to run AdamW in 
     PYTHONPATH="$RPG_REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "${cmd[@]}"
     return
   fi
-  # Ray cluster: upload the repo (without the virtualenv, data and outputs) and the `rpg` package to every node.
+  # ---- Ray cluster (RAY_ADDRESS): the same command as a Ray job ------------------------------------------------------
+  # Uploads the repo (without virtualenvs, data and outputs) as the working directory and the `rpg` package to every
+  # node; forwards env_names plus the profile's RPG_JOB_ENV (the CPU profile's platform settings). Prints the
+  # submission id and the commands to follow, query and stop the job, then, by default, follows it: the logs stream
+  # here and the exit code is the job's (`ray job submit` exits 1 if the job FAILED; Ctrl-C stops following, not the
+  # job). RPG_RAY_FOLLOW=0 returns right after the submission. RPG_RAY_JOB_ID sets the submission id (default
+  # rpg-<experiment>-<UTC time>-<random>; Ray refuses an id that the cluster already has).
+  local follow=${RPG_RAY_FOLLOW:-1}
+  [[ "$follow" == 0 || "$follow" == 1 ]] || rpg_die "RPG_RAY_FOLLOW='$follow' is not valid; choose one of: 0 1"
+  local job_id=${RPG_RAY_JOB_ID:-rpg-${exp_name//[^A-Za-z0-9_.-]/_}-$(date -u +%Y%m%d-%H%M%S)-$RANDOM}
   local env_json="" n
-  for n in "${env_names[@]}"; do
-    [[ -n "${!n+x}" ]] && env_json+="${env_json:+, }$(_rpg_json_str "$n"): $(_rpg_json_str "${!n}")"
+  for n in "${env_names[@]}" ${RPG_JOB_ENV[@]+"${RPG_JOB_ENV[@]}"}; do
+    if [[ -n "${!n+x}" ]]; then
+      env_json+="${env_json:+, }$(_rpg_json_str "$n"): $(_rpg_json_str "${!n}")"
+    fi
   done
   local runtime_env
   runtime_env="{\"env_vars\": {$env_json}, \"py_modules\": [$(_rpg_json_str "$RPG_REPO_DIR/rpg")], \"excludes\": \
-[\".venv\", \".git\", \"data\", \"ckpts\", \"outputs\", \"wandb\", \"*.parquet\"]}"
-  ray job submit --address "$RAY_ADDRESS" --no-wait --working-dir "$RPG_REPO_DIR" \
-    --runtime-env-json "$runtime_env" -- "${cmd[@]}"
+[\".venv*\", \".git\", \"data\", \"ckpts\", \"outputs\", \"wandb\", \"artifacts\", \"*.parquet\"]}"
+  local -a wait_opt=()
+  [[ "$follow" == 1 ]] || wait_opt=(--no-wait)
+  echo "[rpg] Ray job submission id: $job_id (cluster $RAY_ADDRESS)" >&2
+  echo "[rpg]   follow: ray job logs --address $RAY_ADDRESS --follow $job_id" >&2
+  echo "[rpg]   status: ray job status --address $RAY_ADDRESS $job_id" >&2
+  echo "[rpg]   stop:   ray job stop --address $RAY_ADDRESS $job_id" >&2
+  ray job submit --address "$RAY_ADDRESS" --submission-id "$job_id" ${wait_opt[@]+"${wait_opt[@]}"} \
+    --working-dir "$RPG_REPO_DIR" --runtime-env-json "$runtime_env" -- "${cmd[@]}"
 }

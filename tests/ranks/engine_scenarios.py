@@ -129,11 +129,13 @@ def first_update_gradient(rank: int, world_size: int, model_dir: str, batch: dic
 
     n = len(batch["input_ids"])
     config = compose(model_dir, [
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={n}", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={n}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
         f"trainer.n_gpus_per_node={world_size}", f"actor_rollout_ref.actor.loss_agg_mode={agg}",
         "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
-        f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}", f"+actor_rollout_ref.actor.policy_loss.kl_coef={kl_coef}",
+        f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+        f"+actor_rollout_ref.actor.policy_loss.kl_coef={kl_coef}",
         "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
         "actor_rollout_ref.actor.clip_ratio_c=3.0", "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.optim.lr=1e-3",

@@ -96,7 +96,8 @@ def sf_run(two_ranks, tiny_model_with_tokenizer, tmp_path_factory):
 
 def test_schedule_free_switches_every_rank_and_resumes_exactly(sf_run):
     for rank, out in enumerate(sf_run):
-        assert all(abs(r - 1.0) < 1e-6 for pair in out["first_ratio"] for r in pair), f"rank {rank}: {out['first_ratio']}"
+        ratios = [r for pair in out["first_ratio"] for r in pair]
+        assert all(abs(r - 1.0) < 1e-6 for r in ratios), f"rank {rank}: {out['first_ratio']}"
         assert out["average_changed"] and out["iterate_changed"], f"rank {rank}"
         assert out["x_matches_schedulefree_formula"] < 1e-6 and out["x_differs_from_y"], f"rank {rank}"
         assert out["y_restored_exactly"] and out["ckpt_is_y"], f"rank {rank}"

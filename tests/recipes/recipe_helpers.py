@@ -20,7 +20,8 @@ SCHEDULEFREE_MISSING = "schedule-free support is not available yet"
 # Environment knobs a developer may have exported; the tests must see the scripts' own defaults.
 _KNOBS = (
     "MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME RAY_ADDRESS RPG_DRY_RUN "
-    "RPG_PROFILE OPTIM PYTHON RPG_PRINT_ARGV RPG_OPTIM_DIR VERL_USE_EXTERNAL_MODULES "
+    "RPG_PROFILE OPTIM PYTHON RPG_PRINT_ARGV RPG_OPTIM_DIR VERL_USE_EXTERNAL_MODULES CPU_RANKS RPG_RAY_FOLLOW "
+    "RPG_RAY_JOB_ID "
     "VERL_PLATFORM VERL_ENGINE_DEVICE"  # in-process CPU-engine tests of this session set the last two
 ).split()
 

@@ -363,8 +363,38 @@ def test_ray_address_submits_a_ray_job(tmp_path: Path):
     assert opts[opts.index("--working-dir") + 1] == str(REPO)
     runtime_env = json.loads(opts[opts.index("--runtime-env-json") + 1])
     assert runtime_env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == "rpg.verl_plugin"
-    assert runtime_env["py_modules"] == [str(REPO / "rpg")] and ".venv" in runtime_env["excludes"]
+    assert runtime_env["py_modules"] == [str(REPO / "rpg")] and ".venv*" in runtime_env["excludes"]
     assert entry[:3] == ["python3", "-m", "rpg.launch"] and entry[-1] == "trainer.nnodes=2"
+    # followed by default (the exit code is the job's), under a printed submission id
+    job_id = opts[opts.index("--submission-id") + 1]
+    assert "--no-wait" not in opts and job_id.startswith("rpg-run_grpo_7b-")
+    assert f"Ray job submission id: {job_id}" in proc.stderr
+    assert f"ray job logs --address http://head:8265 --follow {job_id}" in proc.stderr
+
+
+def test_ray_submission_of_a_cpu_recipe_carries_the_cpu_environment(tmp_path: Path):
+    out = tmp_path / "out.json"
+    _fake_executable(tmp_path, "ray")
+    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(out), "PATH": f"{tmp_path}:{os.environ['PATH']}",
+           "RPG_RAY_FOLLOW": "0", "RPG_RAY_JOB_ID": "my-run-1", "CPU_RANKS": "2"}
+    proc = run_script(RECIPE / "cpu" / "run_rpg_reinforce_urkl.sh", **env)
+    assert proc.returncode == 0, proc.stderr
+    argv = json.loads(out.read_text())["argv"]
+    opts = argv[: argv.index("--")]
+    assert "--no-wait" in opts and opts[opts.index("--submission-id") + 1] == "my-run-1"
+    env_vars = json.loads(opts[opts.index("--runtime-env-json") + 1])["env_vars"]
+    assert env_vars["VERL_PLATFORM"] == "cpu" and env_vars["VERL_ENGINE_DEVICE"] == "cuda"
+    assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "rpg.cpu.platform,rpg.cpu.hf_rollout,rpg.verl_plugin"
+    assert "trainer.n_gpus_per_node=2" in argv and not [a for a in argv if "ray_init.num_" in a]
+
+
+def test_bad_ray_follow_setting_is_refused(tmp_path: Path):
+    _fake_executable(tmp_path, "ray")
+    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"),
+           "PATH": f"{tmp_path}:{os.environ['PATH']}", "RPG_RAY_FOLLOW": "yes"}
+    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", **env)
+    assert proc.returncode == 2 and "RPG_RAY_FOLLOW='yes' is not valid; choose one of: 0 1" in proc.stderr
+    assert not (tmp_path / "out.json").exists()
 
 
 # --------------------------------------------------------------------------------------------------------------
