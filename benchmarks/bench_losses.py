@@ -20,7 +20,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 from verl.workers.config import ActorConfig
 
 from rpg.config import RPGPolicyLossConfig
-from rpg.losses import loss_table
+from rpg.losses import LOSSES
 
 
 def main():
@@ -40,7 +40,7 @@ def main():
     mask = torch.arange(args.T).unsqueeze(0) < lengths.unsqueeze(1)
     adv = adv * mask
 
-    names = ["vanilla"] + [n for n in sorted(loss_table()) if n != "grpo_wk3"]
+    names = ["vanilla"] + sorted(n for n, spec in LOSSES.items() if not spec.needs_reference)
     configs = {
         n: ActorConfig(
             strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2, clip_ratio_low=0.2, clip_ratio_high=0.28,

@@ -7,7 +7,7 @@
 
 ``compare``: RPG-REINFORCE-URKL, GRPO and DAPO (recipe/rpg/cpu/run_*.sh, i.e. each method's GPU recipe with only the
 sizes changed by the CPU profile) with the same seed, steps, data and validation (before training and every 10 steps,
-4 samples per held-out prompt), then one figure and a Last/Best table with scripts/report.py, and ``summary.json`` with
+4 samples per held-out prompt), then one figure and a Last/Best table with rpg.tools.report, and ``summary.json`` with
 validation accuracy before/after and wall time per method.
 
 ``step-time``: RPG-REINFORCE-URKL with the iterative reference (π_ref = π_old: no reference model, no
@@ -26,9 +26,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from rpg.atomic import atomic_write_json, atomic_write_text
+from rpg.tools import report, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipe" / "rpg" / "cpu"
@@ -36,14 +38,6 @@ COMPARE = {"rpg_reinforce_urkl": "run_rpg_reinforce_urkl.sh", "grpo": "run_grpo.
 FROZEN_REF = ["+actor_rollout_ref.actor.policy_loss.reference=frozen", "actor_rollout_ref.actor.use_kl_loss=True",
               "actor_rollout_ref.actor.kl_loss_coef=0.0"]
 STEP_TIME = {"iterative": [], "frozen": FROZEN_REF}
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def run(script: str, name: str, out: Path, env_update: dict, overrides: list[str]) -> tuple[list[dict], float]:
@@ -81,7 +75,7 @@ def compare(args) -> dict:
         if name in reuse:  # a finished run with the same settings (e.g. scripts/demo_cpu.sh's metrics.jsonl)
             path = Path(reuse[name])
             records, wall = [json.loads(line) for line in path.read_text().splitlines() if line.strip()], None
-            write_atomic(args.out / f"{name}.jsonl", path.read_text())
+            atomic_write_text(args.out / f"{name}.jsonl", path.read_text())
         else:
             records, wall = run(script, name, args.out, env, overrides)
         val = validation(records)
@@ -90,7 +84,8 @@ def compare(args) -> dict:
                          "wall_s": None if wall is None else round(wall, 1),
                          "mean_step_s": round(statistics.mean(steps), 3)}
         specs.append(f"{name}={args.out / (name + '.jsonl')}")
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "report.py"), *specs, "--out", str(args.out)], check=True)
+    if report.main([*specs, "--out", str(args.out)]) != 0:
+        raise SystemExit("[e2e_cpu_runs] the report failed")
     return summary
 
 
@@ -122,10 +117,11 @@ def main(argv=None) -> int:
     args.steps = args.steps or (50 if args.what == "compare" else 12)
     args.out = (args.out or ROOT / "artifacts" / ("cpu-compare" if args.what == "compare" else "bench")).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py")], check=True)
+    if tiny_model.main(["--out", str(ROOT / "artifacts" / "tiny")]) != 0:
+        raise SystemExit("[e2e_cpu_runs] building the tiny model failed")
     summary = compare(args) if args.what == "compare" else step_time(args)
     name = "summary.json" if args.what == "compare" else "step_time.json"
-    write_atomic(args.out / name, json.dumps(summary, indent=1) + "\n")
+    atomic_write_json(args.out / name, summary, indent=1)
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -8,8 +8,15 @@ settings and travels to every actor worker with the rest of the actor config:
     +actor_rollout_ref.actor.policy_loss.kl_coef=1e-4
 
 Clip ratios are *not* duplicated here: they are verl's own actor fields (`clip_ratio_low`, `clip_ratio_high`,
-`clip_ratio_c`). Every default below is the paper's choice; the reference implementation's behaviour is available
-through the documented options (see README, "Differences from the authors' code").
+`clip_ratio_c`), validated per loss by `clip_settings`. Every default below is the paper's choice and is defined only
+here; the reference implementation's behaviour is available through the documented options (see README,
+"Differences from the authors' code").
+
+Building the config validates every field and, against the loss table (`rpg.losses.LOSSES`), refuses an option that
+cannot change the chosen loss or reference mode (`ineffective_options`) and bypass mode for an RPG loss. It then
+installs what its settings need from verl (`rpg.reference.install`: nothing for the iterative reference). The
+launcher builds it at compose time and verl builds it in every actor worker (`ActorRolloutRefWorker.init_model`),
+so the checks and the installation both happen before training starts.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from verl.workers.config import PolicyLossConfig
+from verl.workers.config import ActorConfig, PolicyLossConfig
 
 BRANCH_ON = ("effective_advantage", "advantage")
 KL_RATIO = ("clipped", "raw")
@@ -33,12 +40,13 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 @dataclass
 class RPGPolicyLossConfig(PolicyLossConfig):
-    """Settings of the RPG losses (`rpg_<div>`, `rpg_reinforce_<div>`, `rpg_reinforce_hardclip_<div>`).
+    """Settings of the RPG losses (the rows of `rpg.losses.LOSSES`, `python -m rpg.launch --list`).
 
     Args:
         kl_coef: β, the KL coefficient of `J = E[R] − β·D` (paper §5: 1e-4). Must be finite and ≥ 0.
         kl_clamp: if set, clamp the per-token KL surrogate of the fully differentiable family to
-            [−kl_clamp, kl_clamp] as the authors' code does (10.0 there). The paper has no clamp: None.
+            [−kl_clamp, kl_clamp] as the authors' code does (10.0 there, all divergences but FKL). The paper has no
+            clamp: None.
             torch.clamp has zero gradient where it saturates, so this changes the gradient where the KL is large.
         branch_on: which sign selects the dual-clip branch of Algorithm 2 (RPG-REINFORCE):
             "effective_advantage" (paper: ψ = A'·ℓ, A' = A + C_KL/w) or "advantage" (authors' code: sign of A).
@@ -96,8 +104,69 @@ class RPGPolicyLossConfig(PolicyLossConfig):
             raise ValueError(
                 "RPGPolicyLossConfig.reference='periodic' needs ref_refresh_steps > 0 (K) and/or ref_refresh_kl > 0 (κ)"
             )
-        if self.loss_mode.startswith("rpg") and self.rollout_correction.get("bypass_mode", False):
-            raise ValueError(BYPASS_ERROR)
+        ineffective = ineffective_options(self)
+        if ineffective:
+            raise ValueError("; ".join(ineffective))
+        if self.spec is not None and (bypass := bypass_error(self.rollout_correction)):
+            raise ValueError(bypass)
+        from rpg import reference
+
+        reference.install(self)  # what this run needs from verl (nothing for the iterative reference)
+
+    @property
+    def spec(self):
+        """The loss-table row of `loss_mode` (`rpg.losses.LossSpec`), None for verl's own losses."""
+        from rpg.losses import loss_spec  # rpg.losses imports this module
+
+        return loss_spec(self.loss_mode)
+
+    @property
+    def needs_ref_log_prob(self) -> bool:
+        """True when the loss reads verl's `ref_log_prob`: a non-iterative reference, or a loss such as `grpo_wk3`."""
+        return self.reference != "iterative" or (self.spec is not None and self.spec.needs_reference)
+
+
+PERIODIC_OPTIONS = ("ref_refresh_steps", "ref_refresh_kl", "ref_kl_ema")
+
+
+def option_defaults() -> dict[str, Any]:
+    """The RPG options (fields RPGPolicyLossConfig adds to verl's PolicyLossConfig) and their defaults."""
+    verl_fields = set(PolicyLossConfig.__dataclass_fields__)
+    return {n: f.default for n, f in RPGPolicyLossConfig.__dataclass_fields__.items() if n not in verl_fields}
+
+
+def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
+    """One message per RPG option set to a non-default value that cannot change the chosen loss or reference mode.
+
+    Which options change which loss is the loss table's `LossSpec.options`; the `ref_refresh_*` options act only with
+    `reference=periodic`, which (like any other option) does nothing for a verl loss unless it is `periodic`
+    (refreshing verl's own reference model). Refused rather than warned: a setting that silently does nothing in a
+    day-long run is a mistake the user wants to hear about before it starts.
+    """
+    spec = settings.spec
+    applies = set(spec.options) if spec is not None else set()
+    if settings.reference == "periodic":
+        applies |= {"reference", *PERIODIC_OPTIONS}
+    where = f"loss_mode={settings.loss_mode!r}" if spec is not None else f"verl's loss_mode={settings.loss_mode!r}"
+    messages = []
+    for name, default in option_defaults().items():
+        value = getattr(settings, name)
+        if name in applies or value == default:
+            continue
+        if name in PERIODIC_OPTIONS:
+            why = f"it acts only with reference='periodic' (reference={settings.reference!r})"
+        elif spec is None:
+            why = "verl's own losses read no RPG option (reference='periodic' refreshes verl's reference model)"
+        else:
+            from rpg.losses import LOSSES
+
+            users = [s.name for s in LOSSES.values() if name in s.options]
+            why = f"it changes only {', '.join(users)}"
+        messages.append(
+            f"actor_rollout_ref.actor.policy_loss.{name}={value!r} has no effect on {where}: {why}. Remove it "
+            f"(default {default!r}) or choose a loss or reference mode it applies to"
+        )
+    return messages
 
 
 BYPASS_ERROR = (
@@ -106,6 +175,11 @@ BYPASS_ERROR = (
     "'bypass_mode'), so the RPG loss would silently not be the one you selected. Use decoupled mode "
     "(bypass_mode=False) with algorithm.rollout_correction.rollout_is=token for TIS weights."
 )
+
+
+def bypass_error(rollout_correction: Any) -> Optional[str]:
+    """BYPASS_ERROR if verl's rollout-correction settings select bypass mode (for an RPG loss), else None."""
+    return BYPASS_ERROR if (rollout_correction or {}).get("bypass_mode", False) else None
 
 
 def rpg_settings(actor_config: Any) -> RPGPolicyLossConfig:
@@ -140,19 +214,37 @@ def rpg_settings(actor_config: Any) -> RPGPolicyLossConfig:
 
 _MAPPING_CACHE: dict[int, tuple[Any, RPGPolicyLossConfig]] = {}
 
+# The clip fields are verl's (ActorConfig); each is checked only for the losses that read it (rpg.losses.clip_fields).
+_CLIP_RULES = {
+    "clip_ratio_low": (lambda v: 0.0 < v < 1.0, "must be in (0, 1): the ratio clip's lower end is 1 − ε1 > 0"),
+    "clip_ratio_high": (lambda v: v > 0.0, "must be > 0: the ratio clip's upper end is 1 + ε2"),
+    "clip_ratio_c": (lambda v: v > 1.0, "must be > 1: the dual-clip bound c caps the ratio of negative advantages"),
+}
 
-def clip_settings(actor_config: Any) -> tuple[float, float, float]:
-    """(ε1, ε2, c) from verl's actor fields, validated (ε1 ∈ (0, 1), ε2 > 0, c > 1)."""
-    clip_ratio = actor_config.get("clip_ratio", 0.2)
-    low = actor_config.get("clip_ratio_low", None)
-    high = actor_config.get("clip_ratio_high", None)
-    low = clip_ratio if low is None else low
-    high = clip_ratio if high is None else high
-    c = actor_config.get("clip_ratio_c", 3.0)
-    if not (0.0 < low < 1.0):
-        raise ValueError(f"actor.clip_ratio_low (ε1) must be in (0, 1), got {low!r}")
-    if not (high > 0.0):
-        raise ValueError(f"actor.clip_ratio_high (ε2) must be > 0, got {high!r}")
-    if not (c > 1.0):
-        raise ValueError(f"actor.clip_ratio_c (dual-clip c) must be > 1, got {c!r}")
-    return float(low), float(high), float(c)
+
+def _clip_value(actor_config: Any, name: str) -> tuple[Any, str]:
+    """(value, note) of a clip field; ε1/ε2 fall back to `clip_ratio` as verl's losses do, defaults are verl's."""
+    defaults = ActorConfig.__dataclass_fields__
+    value = actor_config.get(name, defaults[name].default)
+    if value is None and name in ("clip_ratio_low", "clip_ratio_high"):
+        return actor_config.get("clip_ratio", defaults["clip_ratio"].default), " (from clip_ratio)"
+    return value, ""
+
+
+def clip_errors(actor_config: Any, fields: tuple[str, ...], loss_mode: str) -> list[str]:
+    """One message per clip field in `fields` whose value `loss_mode` cannot use."""
+    errors = []
+    for name in fields:
+        value, note = _clip_value(actor_config, name)
+        ok, rule = _CLIP_RULES[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and ok(value)):
+            errors.append(f"actor_rollout_ref.actor.{name}={value}{note} {rule} (read by loss_mode={loss_mode!r})")
+    return errors
+
+
+def clip_settings(actor_config: Any, fields: tuple[str, ...], loss_mode: str) -> tuple[float, float, float]:
+    """(ε1, ε2, c) from verl's actor fields; the `fields` the loss reads are validated (ValueError naming them)."""
+    errors = clip_errors(actor_config, fields, loss_mode)
+    if errors:
+        raise ValueError("; ".join(errors))
+    return tuple(float(_clip_value(actor_config, n)[0]) for n in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c"))

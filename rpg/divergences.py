@@ -96,7 +96,10 @@ class Divergence:
         surrogate: fully differentiable per-token regulariser (see module docstring).
         kl_component: C_KL/β of the REINFORCE weight.
         estimate: non-negative per-token estimate of D on π_old samples (for logging).
-        reference_clamps: whether the authors' code clamps this surrogate to ±10 (all but FKL; SPEC §10.5, D3).
+        reference_clamps: whether the authors' code clamps this surrogate to ±10 (all but FKL; README D3), i.e.
+            whether the `kl_clamp` option acts on it.
+        ratio_dependent_kl: whether C_KL depends on w (all but FKL, whose C_KL is the constant ρ), i.e. whether the
+            `kl_ratio` option (C_KL at w̄ or w) acts on it.
     """
 
     name: str
@@ -106,15 +109,16 @@ class Divergence:
     kl_component: RatioFn
     estimate: RatioFn
     reference_clamps: bool
+    ratio_dependent_kl: bool
 
 
 DIVERGENCES: dict[str, Divergence] = {
     d.name: d
     for d in (
-        Divergence("fkl", "FKL", "KL(π_ref‖π_θ)", _fkl_surrogate, _fkl_component, _ufkl_surrogate, False),
-        Divergence("rkl", "RKL", "KL(π_θ‖π_ref)", _rkl_surrogate, _rkl_component, _urkl_surrogate, True),
-        Divergence("ufkl", "UFKL", "UKL(π_ref‖π_θ)", _ufkl_surrogate, _ufkl_component, _ufkl_surrogate, True),
-        Divergence("urkl", "URKL", "UKL(π_θ‖π_ref)", _urkl_surrogate, _urkl_component, _urkl_surrogate, True),
+        Divergence("fkl", "FKL", "KL(π_ref‖π_θ)", _fkl_surrogate, _fkl_component, _ufkl_surrogate, False, False),
+        Divergence("rkl", "RKL", "KL(π_θ‖π_ref)", _rkl_surrogate, _rkl_component, _urkl_surrogate, True, True),
+        Divergence("ufkl", "UFKL", "UKL(π_ref‖π_θ)", _ufkl_surrogate, _ufkl_component, _ufkl_surrogate, True, True),
+        Divergence("urkl", "URKL", "UKL(π_θ‖π_ref)", _urkl_surrogate, _urkl_component, _urkl_surrogate, True, True),
     )
 }
 

@@ -45,7 +45,7 @@ from typing import Any, Optional
 
 import torch
 
-from rpg.config import BYPASS_ERROR, RPGPolicyLossConfig, clip_settings, rpg_settings
+from rpg.config import RPGPolicyLossConfig, clip_settings, rpg_settings
 from rpg.divergences import DIVERGENCES, Divergence
 
 Tensor = torch.Tensor
@@ -59,11 +59,14 @@ POS_GRAD, POS_FLAT_HIGH, NEG_FLAT_LOW, NEG_GRAD, NEG_FLAT_C = range(5)
 
 @dataclass(frozen=True)
 class ClipParams:
-    """Ratio clip of RPG-Style Clip: w̄ = clip(w, 1−ε1, 1+ε2); dual-clip bound c > 1 for negative advantages."""
+    """Ratio clip of RPG-Style Clip: w̄ = clip(w, 1−ε1, 1+ε2); dual-clip bound c > 1 for negative advantages.
 
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    c: float = 10.0
+    No defaults here: the values are verl's actor fields (`rpg.config.clip_settings`), the paper's are set by the
+    recipes."""
+
+    eps_low: float
+    eps_high: float
+    c: float
 
 
 @dataclass
@@ -298,35 +301,38 @@ def _metrics(out: TokenLoss, advantages: Tensor, mask: Tensor, div: Divergence, 
     return metrics
 
 
-def _ref_log_prob(settings: RPGPolicyLossConfig, requires_reference: bool, loss_name: str) -> Optional[Tensor]:
+def _ref_log_prob(settings: RPGPolicyLossConfig, loss_name: str) -> Optional[Tensor]:
     """The reference log-probs of the current micro-batch, or None for the iterative reference (ρ ≡ 1)."""
-    if settings.reference == "iterative" and not requires_reference:
+    if not settings.needs_ref_log_prob:
         return None
-    from rpg.reference import current_ref_log_prob
+    from rpg import reference
 
-    ref = current_ref_log_prob()
+    reference.require(settings)  # the adapter is installed in this process
+    ref = reference.current_ref_log_prob()
     if ref is None:
         raise ValueError(
             f"{loss_name} with reference={settings.reference!r} needs the reference model's log-probs, but verl did "
             "not ship `ref_log_prob`. Set actor_rollout_ref.actor.use_kl_loss=True and "
-            "actor_rollout_ref.actor.kl_loss_coef=0 (verl then builds the reference model and adds no KL of its own)."
+            "actor_rollout_ref.actor.kl_loss_coef=0 (verl then builds the reference model and adds no KL of its own). "
+            "(Also raised when the loss is called outside verl's ppo_loss, e.g. by distillation_ppo_loss, which the "
+            "ref_log_prob adapter does not cover.)"
         )
     return ref
 
 
-def make_policy_loss(loss_name: str, family: str, div: Divergence, requires_reference: bool = False):
-    """Build a verl `PolicyLossFn` for one (family, divergence) pair.
+def make_policy_loss(spec: "LossSpec"):
+    """Build the verl `PolicyLossFn` of one row of the loss table.
 
     The returned function has verl 0.9.1's signature `(old_log_prob, log_prob, advantages, response_mask,
     loss_agg_mode, config, rollout_is_weights) -> (loss, metrics)`; `config` is verl's ActorConfig whose
-    `policy_loss` is an `RPGPolicyLossConfig`. The per-token loss is multiplied by `rollout_is_weights` (verl's
-    TIS correction of the rollout/π_old mismatch, as in verl's vanilla loss; it applies to the KL term too, whose
-    expectation is also over π_old) and aggregated with verl's `agg_loss` over the global batch.
+    `policy_loss` is an `RPGPolicyLossConfig` (validated when it was built: options, bypass mode). The per-token loss
+    is multiplied by `rollout_is_weights` (verl's TIS correction of the rollout/π_old mismatch, as in verl's vanilla
+    loss; it applies to the KL term too, whose expectation is also over π_old) and aggregated with verl's `agg_loss`
+    over the global batch.
     """
     from verl.trainer.ppo.core_algos import agg_loss
 
-    if family not in ("fd", "reinforce", "hardclip"):
-        raise ValueError(f"unknown RPG loss family {family!r}")
+    div = spec.divergence
 
     def policy_loss(
         old_log_prob: Tensor,
@@ -338,13 +344,11 @@ def make_policy_loss(loss_name: str, family: str, div: Divergence, requires_refe
         rollout_is_weights: Optional[Tensor] = None,
     ) -> tuple[Tensor, dict[str, Any]]:
         if config is None:
-            raise ValueError(f"{loss_name} needs verl's actor config (clip ratios, policy_loss settings)")
+            raise ValueError(f"{spec.name} needs verl's actor config (clip ratios, policy_loss settings)")
         settings = rpg_settings(config)
-        if settings.rollout_correction.get("bypass_mode", False):
-            raise ValueError(BYPASS_ERROR)
-        clip = ClipParams(*clip_settings(config))
-        ref = _ref_log_prob(settings, requires_reference, loss_name)
-        if family == "fd":
+        clip = ClipParams(*clip_settings(config, spec.clip_fields, spec.name))
+        ref = _ref_log_prob(settings, spec.name)
+        if spec.family == FD:
             out = rpg_fully_differentiable(
                 log_prob, old_log_prob, advantages, response_mask, div, settings.kl_coef, clip,
                 kl_clamp=settings.kl_clamp, kl_placement=settings.kl_placement, ref_log_prob=ref,
@@ -352,7 +356,7 @@ def make_policy_loss(loss_name: str, family: str, div: Divergence, requires_refe
         else:
             out = rpg_reinforce(
                 log_prob, old_log_prob, advantages, response_mask, div, settings.kl_coef, clip,
-                branch_on=settings.branch_on, kl_ratio=settings.kl_ratio, hard_clip=family == "hardclip",
+                branch_on=settings.branch_on, kl_ratio=settings.kl_ratio, hard_clip=spec.family == HARDCLIP,
                 ref_log_prob=ref,
             )  # fmt: skip
         loss_mat = out.loss
@@ -362,18 +366,158 @@ def make_policy_loss(loss_name: str, family: str, div: Divergence, requires_refe
         loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
         return loss, _metrics(out, advantages, response_mask, div, settings.kl_coef)
 
-    policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{loss_name}"
-    policy_loss.__doc__ = f"verl policy loss `{loss_name}` ({family} family, {div.paper_name}: {div.objective})."
+    policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{spec.name}"
+    policy_loss.__doc__ = f"verl policy loss `{spec.name}` ({spec.paper_row}): {spec.description}"
     return policy_loss
 
 
-def loss_table() -> dict[str, tuple[str, Divergence, bool]]:
-    """Every registered RPG loss name → (family, divergence, requires a reference model)."""
-    table: dict[str, tuple[str, Divergence, bool]] = {}
-    for div in DIVERGENCES.values():
-        table[f"rpg_{div.name}"] = ("fd", div, False)
-        table[f"rpg_reinforce_{div.name}"] = ("reinforce", div, False)
-        table[f"rpg_reinforce_hardclip_{div.name}"] = ("hardclip", div, False)
-    # GRPO's KL made exact (SPEC §5.3): dual-clip PPO + β·w·k3(π_ref/π_θ) against a frozen/periodic reference model.
-    table["grpo_wk3"] = ("fd", DIVERGENCES["urkl"], True)
-    return table
+# ---------------------------------------------------------------------------------------------------------------
+# the loss table: one row per registered name; registration, config validation, the launcher's rules,
+# `python -m rpg.launch --list` and the README's loss table all read it
+# ---------------------------------------------------------------------------------------------------------------
+FD, REINFORCE, HARDCLIP = "fd", "reinforce", "hardclip"
+DUAL_CLIP = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # ε1, ε2, c
+RATIO_CLIP = ("clip_ratio_low", "clip_ratio_high")  # ε1, ε2 (no dual-clip bound)
+
+# verl's own losses that read the clip fields as PPO's ratio clip [1 − ε1, 1 + ε2] (and, for vanilla, the dual-clip
+# bound c, which verl asserts > 1 only at the first update): checked at compose time like the RPG rows.
+VERL_CLIP_FIELDS = {"vanilla": DUAL_CLIP, "gspo": RATIO_CLIP, "cispo": RATIO_CLIP}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the losses of one family share. `paper_row` and `authors` may contain `{DIV}` / `{div}`."""
+
+    name: str
+    paper_row: str
+    description: str
+    options: tuple[str, ...]  # RPGPolicyLossConfig options that change this family's loss (besides kl_coef, reference)
+    clip_fields: tuple[str, ...]  # verl actor fields the loss reads
+    authors: str  # the authors' `kl_loss_type` for the same loss
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(FD, "RPG-{DIV}",
+               "dual-clip PPO on the detached `A` plus the unclipped regulariser `β·D̂(w)` (Tables 1/4); "
+               "`kl_placement=inside_clip` is the literal Algorithm 1",
+               ("kl_placement", "kl_clamp"), DUAL_CLIP, "`rpg_{div}` with `use_kl_loss=True`"),
+        Family(REINFORCE, "RPG-REINFORCE-{DIV}",
+               "Algorithm 2: `−SG(w·A + C_KL)·log π` with RPG-Style Clip, branching on `A' = A + C_KL/w`, `C_KL` at "
+               "the clipped ratio (Remark F.2), flat branches without gradient",
+               ("branch_on", "kl_ratio"), DUAL_CLIP, "`rpg_rf_{div}_clip_ppo` (never reached in their code)"),
+        Family(HARDCLIP, "— (the authors' `rkl1e-4_rf` script)",
+               "`−SG(w̄·A + C_KL(w̄))·log π` on every token: truncated importance weight both ways, no dual clip",
+               ("kl_ratio",), RATIO_CLIP, "`rpg_rf_{div}`, `rpg_rf_{div}_clip_hard`"),
+    )
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """One registered RPG policy loss.
+
+    Attributes:
+        name: the `policy_loss.loss_mode` name registered in verl's policy-loss registry.
+        family: FD (fully differentiable), REINFORCE (Algorithm 2) or HARDCLIP.
+        divergence: the row of `rpg.divergences.DIVERGENCES` the loss is built from.
+        needs_reference: the loss needs verl's reference model even with `reference=iterative` (`ref_log_prob`).
+        options: the `RPGPolicyLossConfig` options that change this loss (`kl_clamp` and `kl_ratio` not for FKL,
+            see `_acts_on`); the `ref_refresh_*` options apply to any loss with `reference=periodic` (`rpg.config`).
+        clip_fields: the verl actor clip fields the loss reads (validated at compose time and by the loss).
+        paper_row, description, authors: for `--list` and the README (the authors' `kl_loss_type`).
+    """
+
+    name: str
+    family: str
+    divergence: Divergence
+    needs_reference: bool
+    options: tuple[str, ...]
+    clip_fields: tuple[str, ...]
+    paper_row: str
+    description: str
+    authors: str
+
+
+def _acts_on(option: str, div: Divergence) -> bool:
+    """Whether a family option acts on `div`: `kl_clamp` only where the authors clamp, `kl_ratio` only where C_KL
+    depends on w (not FKL, whose C_KL is the constant ρ)."""
+    return {"kl_clamp": div.reference_clamps, "kl_ratio": div.ratio_dependent_kl}.get(option, True)
+
+
+def _row(name: str, family: str, div: Divergence, needs_reference: bool = False, **text: str) -> LossSpec:
+    fam = FAMILIES[family]
+    options = ("kl_coef", "reference") + tuple(o for o in fam.options if _acts_on(o, div))
+    paper_row = text.get("paper_row", fam.paper_row.format(DIV=div.paper_name))
+    authors = text.get("authors", fam.authors.format(div=div.name))
+    description = text.get("description", fam.description)
+    return LossSpec(name, family, div, needs_reference, options, fam.clip_fields, paper_row, description, authors)
+
+
+LOSSES: dict[str, LossSpec] = {
+    s.name: s
+    for s in (
+        *(_row(f"rpg_{d.name}", FD, d) for d in DIVERGENCES.values()),
+        *(_row(f"rpg_reinforce_{d.name}", REINFORCE, d) for d in DIVERGENCES.values()),
+        *(_row(f"rpg_reinforce_hardclip_{d.name}", HARDCLIP, d) for d in DIVERGENCES.values()),
+        # GRPO's KL made exact (paper §2.2): dual-clip PPO + β·w·k3(π_ref/π_θ) against a frozen/periodic reference.
+        _row("grpo_wk3", FD, DIVERGENCES["urkl"], needs_reference=True, paper_row="§2.2 corrected GRPO KL",
+             description="dual-clip PPO + `β·w·k3(π_ref/π_θ)` against verl's reference model: GRPO's KL with the "
+                         "importance weight it omits (URKL surrogate with ρ = π_ref/π_old)",
+             authors="— (their GRPO uses verl's `low_var_kl`)"),
+    )
+}  # fmt: skip
+
+
+def loss_spec(loss_mode: str) -> Optional[LossSpec]:
+    """The table row of an RPG loss, None for any other name (verl's own losses)."""
+    return LOSSES.get(loss_mode)
+
+
+def is_rpg_loss(loss_mode: str) -> bool:
+    """True for the losses of this table, the ones that read `RPGPolicyLossConfig`."""
+    return loss_mode in LOSSES
+
+
+def clip_fields(loss_mode: str) -> tuple[str, ...]:
+    """The verl actor clip fields `loss_mode` reads and the compose-time check validates (empty: not checked)."""
+    spec = loss_spec(loss_mode)
+    return spec.clip_fields if spec is not None else VERL_CLIP_FIELDS.get(loss_mode, ())
+
+
+_CLIP_SYMBOLS = {"clip_ratio_low": "ε1", "clip_ratio_high": "ε2", "clip_ratio_c": "c"}
+
+
+def describe_losses(markdown: bool = False) -> str:
+    """The loss table as text (`python -m rpg.launch --list`) or as the README's markdown table (`--markdown`).
+
+    The markdown groups the rows that agree on everything but the divergence, one line per group.
+    """
+    if not markdown:
+        header = f"{'loss_mode':30} {'family':9} {'div':5} {'ref model':9} {'clip':9} options"
+        lines = [header, "-" * len(header)]
+        for s in LOSSES.values():
+            clip = ",".join(_CLIP_SYMBOLS[f] for f in s.clip_fields)
+            lines.append(f"{s.name:30} {s.family:9} {s.divergence.name:5} {'needed' if s.needs_reference else '-':9} "
+                         f"{clip:9} {', '.join(s.options)}")  # fmt: skip
+        return "\n".join(lines) + "\n"
+    groups: dict[tuple, list[LossSpec]] = {}
+    for s in LOSSES.values():
+        key = (s.family, s.needs_reference, s.options, s.clip_fields, s.description)
+        groups.setdefault(key, []).append(s)
+    lines = [
+        "| loss_mode | paper row | what it is | options (all: `kl_coef`, `reference`) | clip | reference model "
+        "| authors' `kl_loss_type` |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for rows in groups.values():
+        s, family = rows[0], FAMILIES[rows[0].family]
+        names = ", ".join(f"`{r.name}`" for r in rows)
+        paper = s.paper_row if len(rows) == 1 else family.paper_row.format(DIV="<DIV>")
+        authors = s.authors if len(rows) == 1 else family.authors.format(div="<div>")
+        options = ", ".join(f"`{o}`" for o in s.options if o not in ("kl_coef", "reference")) or "—"
+        clip = ", ".join(_CLIP_SYMBOLS[f] for f in s.clip_fields)
+        ref = "always" if s.needs_reference else "`frozen`/`periodic` only"
+        lines.append(f"| {names} | {paper} | {s.description} | {options} | {clip} | {ref} | {authors} |")
+    return "\n".join(lines) + "\n"

@@ -54,13 +54,18 @@ its default 0)::
     actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree
     trainer.v1.trainer_mode=schedule_free_sync
 
-`check_config` validates that combination (launcher dry runs call it). Supported: the v1 synchronous trainer with
-the FSDP/FSDP2 engine; async trainer modes (rollouts from stale parameters) and the legacy trainer are refused.
+`check_config` validates that combination (launcher dry runs call it) and refuses to resume a checkpoint that holds
+the other optimizer's state (`check_resume`). Supported: the v1 synchronous trainer with the FSDP/FSDP2 engine; async
+trainer modes (rollouts from stale parameters) and the legacy trainer are refused.
 """
 
 from __future__ import annotations
 
+import glob
 import importlib
+import os
+import pickle
+import zipfile
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
@@ -80,6 +85,7 @@ __all__ = [
     "is_schedule_free",
     "optimizer_class",
     "check_config",
+    "check_resume",
 ]
 
 TRAINER_MODE = "schedule_free_sync"
@@ -181,7 +187,16 @@ class ScheduleFreeIterates:
             self.use_iterate()
 
     def after_load(self) -> None:
-        """After a checkpoint load: drop any stale copy of y and make sure y is loaded."""
+        """After a checkpoint load: drop any stale copy of y and make sure y is loaded.
+
+        Raises RuntimeError, naming both optimizers and the fix, when the loaded state is not schedule-free's (a
+        checkpoint of an AdamW run: its param groups carry no ``train_mode``)."""
+        if not all("train_mode" in group for group in self.optimizer.param_groups):
+            optimizer = f"{type(self.optimizer).__module__.split('.')[0]}.{type(self.optimizer).__name__}"
+            raise RuntimeError(
+                f"the checkpoint just loaded holds the optimizer state of a non-schedule-free optimizer (e.g. "
+                f"torch.optim.AdamW), but this run's actor optimizer is {optimizer}. {_RESUME_FIX['adamw']}"
+            )
         self._saved_iterate = None
         self.use_iterate()
 
@@ -294,12 +309,95 @@ def optimizer_class(optim_config: Any) -> type:
         ) from e
 
 
+_RESUME_FIX = {
+    "adamw": "Resume with the optimizer the checkpoint was trained with (OPTIM=adamw, i.e. verl's default "
+    "actor_rollout_ref.actor.optim), or start a new run from its weights (trainer.resume_mode=disable, or another "
+    "trainer.default_local_dir).",
+    "schedulefree": "Resume with the optimizer the checkpoint was trained with (OPTIM=schedulefree: "
+    f"optim.optimizer_impl=schedulefree optim.optimizer=AdamWScheduleFree trainer.v1.trainer_mode={TRAINER_MODE}), "
+    "or start a new run from its weights (trainer.resume_mode=disable, or another trainer.default_local_dir).",
+}
+
+
+class _Opaque:
+    """Stands for every object of a pickle read by `_saved_optimizer_is_schedule_free` (tensors, DTensors, ...)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
+class _StructureUnpickler(pickle.Unpickler):
+    """Reads the containers of a pickle (dicts, lists, numbers, strings) without importing or loading anything."""
+
+    def find_class(self, module: str, name: str) -> type:
+        return _Opaque
+
+    def persistent_load(self, pid: Any) -> None:  # torch's tensor storages
+        return None
+
+
+def _saved_optimizer_is_schedule_free(path: str) -> Optional[bool]:
+    """Whether a ``torch.save``d optimizer state dict (verl's ``optim_world_size_*_rank_0.pt``) is a schedule-free
+    optimizer's (its param groups carry ``train_mode``), read from the pickled structure only: no tensor is loaded, so
+    this is instant for any model size. None if the file cannot be read this way."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("/data.pkl"))
+            with archive.open(name) as f:
+                state = _StructureUnpickler(f).load()
+        groups = state["param_groups"]
+        return all("train_mode" in group for group in groups)
+    except Exception:  # noqa: BLE001 -- an unreadable or unexpected file: leave the decision to the load itself
+        return None
+
+
+def _resumed_actor_checkpoint(config: Any) -> Optional[str]:
+    """The actor checkpoint folder verl's trainer will resume from (its `_load_checkpoint` rules), or None."""
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path, get_checkpoint_tracker_filename
+
+    trainer = config.trainer
+    mode = trainer.get("resume_mode", "auto")
+    folder = None
+    if mode == "auto" and trainer.get("default_local_dir"):
+        root = os.path.abspath(str(trainer.default_local_dir))
+        if os.path.exists(get_checkpoint_tracker_filename(root)):  # (find_latest_ckpt_path prints when it is absent)
+            folder = find_latest_ckpt_path(root)
+    elif mode == "resume_path" and isinstance(trainer.get("resume_from_path"), str):
+        folder = os.path.abspath(trainer.resume_from_path)
+    return None if folder is None else os.path.join(folder, "actor")
+
+
+def check_resume(config: Any, optimizer_is_sf: bool) -> None:
+    """Refuse to resume a checkpoint whose optimizer state belongs to the other optimizer (schedule-free vs AdamW):
+    verl would fail deep inside torch or schedulefree with a bare ``KeyError``. A missing or unreadable checkpoint is
+    left to verl."""
+    actor_dir = _resumed_actor_checkpoint(config)
+    shards = sorted(glob.glob(os.path.join(actor_dir, "optim_world_size_*_rank_0.pt"))) if actor_dir else []
+    saved_is_sf = _saved_optimizer_is_schedule_free(shards[0]) if shards else None
+    if saved_is_sf is None or saved_is_sf == optimizer_is_sf:
+        return
+    optim = config.actor_rollout_ref.actor.optim
+    configured = f"{optim.get('optimizer_impl', 'torch.optim')}.{optim.get('optimizer', 'AdamW')}"
+    if saved_is_sf:
+        saved, fix = "schedule-free (schedulefree.AdamWScheduleFree)", _RESUME_FIX["schedulefree"]
+    else:
+        saved, fix = "non-schedule-free (e.g. torch.optim.AdamW)", _RESUME_FIX["adamw"]
+    raise ValueError(
+        f"actor_rollout_ref.actor.optim selects {configured}, but the checkpoint this run resumes, {actor_dir}, holds "
+        f"{saved} optimizer state, which {configured} cannot load. {fix}"
+    )
+
+
 def check_config(config: Any) -> bool:
     """Validate the schedule-free settings of a full ``ppo_trainer`` config. Returns True if schedule-free is on.
 
     Raises ValueError naming the offending key and the valid choices when the optimizer and the trainer disagree
     (a schedule-free optimizer under verl's plain trainers would validate at y; the schedule-free trainer with AdamW
-    is almost certainly a mistake), or when the run uses a setup the adapters do not cover.
+    is almost certainly a mistake), when the run uses a setup the adapters do not cover, or when the checkpoint the
+    run would resume holds the other optimizer's state (`check_resume`).
     """
     actor = config.actor_rollout_ref.actor
     optimizer_is_sf = all(callable(getattr(optimizer_class(actor.optim), m, None)) for m in ("train", "eval"))
@@ -326,4 +424,5 @@ def check_config(config: Any) -> bool:
             f"schedule-free support covers actor_rollout_ref.actor.strategy in {list(SUPPORTED_STRATEGIES)}, "
             f"got {actor.strategy!r}"
         )
+    check_resume(config, optimizer_is_sf)
     return optimizer_is_sf

@@ -4,14 +4,16 @@
 #   bash scripts/demo_cpu.sh [extra Hydra overrides...]
 #
 # 1. builds .venv if needed (scripts/setup_env.sh);
-# 2. builds the offline tiny model and the column-addition task if missing (scripts/make_tiny_model.py, ~1.5 min);
+# 2. builds the offline tiny model and the column-addition task if missing (python -m rpg.tools.tiny_model, ~1.5 min);
 # 3. runs recipe/rpg/cpu/run_rpg_reinforce_urkl.sh (the shared launcher with RPG_PROFILE=cpu), validating before
 #    training and every CPU_TEST_FREQ steps on 200 held-out problems (4 samples each at T=1), printing one progress
 #    line per step;
-# 4. prints validation accuracy before/after and writes the curves (scripts/report.py) to artifacts/demo/.
+# 4. prints validation accuracy before/after and writes the curves (python -m rpg.tools.report) to artifacts/demo/;
+# 5. evaluates the final checkpoint (saved to $DEMO_OUT/ckpt) with rpg-evaluate on the same 200 problems and prints its
+#    mean@k next to the last in-training validation (fresh samples: they agree within the printed standard error).
 #
 # Knobs (environment): CPU_STEPS (default 50), CPU_TEST_FREQ (10), CPU_SEED (0), CPU_LR (1e-4), CPU_MINI_BATCH (8), DEMO_OUT
-# (artifacts/demo), DEMO_VAL_N (4 samples per validation prompt).
+# (artifacts/demo), DEMO_VAL_N (4 samples per validation prompt), DEMO_EVAL_K (rpg-evaluate's k, default DEMO_VAL_N).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -25,15 +27,15 @@ export CPU_MINI_BATCH=${CPU_MINI_BATCH:-8}
 export EXP_NAME=${EXP_NAME:-demo_rpg_reinforce_urkl}
 OUT=${DEMO_OUT:-$ROOT/artifacts/demo}
 mkdir -p "$OUT"
-export VERL_FILE_LOGGER_PATH="$OUT/metrics.jsonl"
+export VERL_FILE_LOGGER_PATH="$OUT/metrics.jsonl" CKPTS_DIR="$OUT/ckpt"
 rm -f "$VERL_FILE_LOGGER_PATH"
 
 start=$(date +%s)
 echo "[demo] building the tiny model and task if missing (artifacts/tiny) ..."
-nice -n 10 "$PY" "$ROOT/scripts/make_tiny_model.py"
+nice -n 10 "$PY" -m rpg.tools.tiny_model --out "$ROOT/artifacts/tiny"
 echo "[demo] training RPG-REINFORCE-URKL for $CPU_STEPS steps with verl's trainer (full log: $OUT/console.log) ..."
 set +e
-bash "$ROOT/recipe/rpg/cpu/run_rpg_reinforce_urkl.sh" trainer.val_before_train=True \
+bash "$ROOT/recipe/rpg/cpu/run_rpg_reinforce_urkl.sh" trainer.val_before_train=True "trainer.save_freq=$CPU_STEPS" \
   "actor_rollout_ref.rollout.val_kwargs.n=${DEMO_VAL_N:-4}" "$@" 2>&1 \
   | "$PY" -m rpg.cpu.progress "$OUT/console.log" --steps "$CPU_STEPS"
 rc=${PIPESTATUS[0]}
@@ -43,8 +45,12 @@ if [[ "$rc" != 0 ]]; then
   exit "$rc"
 fi
 
-"$PY" "$ROOT/scripts/report.py" "rpg_reinforce_urkl=$VERL_FILE_LOGGER_PATH" --out "$OUT"
-"$PY" - "$VERL_FILE_LOGGER_PATH" "$(( $(date +%s) - start ))" <<'EOF'
+"$PY" -m rpg.tools.report "rpg_reinforce_urkl=$VERL_FILE_LOGGER_PATH" --out "$OUT"
+echo "[demo] evaluating the final checkpoint with rpg-evaluate ..."
+"$PY" -m rpg.tools.evaluate --model "$CKPTS_DIR" --data "$ROOT/artifacts/tiny/val.parquet" \
+  --k "${DEMO_EVAL_K:-${DEMO_VAL_N:-4}}" --max-prompt-length 48 --max-tokens "${CPU_RESPONSE_LEN:-48}" \
+  --seed "$CPU_SEED" --out "$OUT/eval" >/dev/null
+"$PY" - "$VERL_FILE_LOGGER_PATH" "$(( $(date +%s) - start ))" "$OUT/eval/results.json" <<'EOF'
 import json, re, sys
 val = {}
 for line in open(sys.argv[1]):
@@ -59,5 +65,9 @@ key = val[first][0]
 print(f"[demo] {key}: step {first} {val[first][1]:.1%} -> step {last} {val[last][1]:.1%} "
       f"({100 * (val[last][1] - val[first][1]):+.1f} points); wall time {int(sys.argv[2]) // 60} min "
       f"{int(sys.argv[2]) % 60} s")
+ev = json.load(open(sys.argv[3]))
+r, k = ev["results"]["math_dapo"], ev["sampling"]["k"]
+print(f"[demo] rpg-evaluate, checkpoint of step {ev['model']['step']}, fresh samples: mean@{k} {r['mean@k']:.1%} "
+      f"± {100 * r['se']:.1f} points (s.e. over problems) vs in-training validation at step {last} {val[last][1]:.1%}")
 EOF
-echo "[demo] curves: $OUT/curves.png  table: $OUT/table.md  metrics: $VERL_FILE_LOGGER_PATH"
+echo "[demo] curves: $OUT/curves.png  table: $OUT/table.md  metrics: $VERL_FILE_LOGGER_PATH  evaluation: $OUT/eval"

@@ -20,9 +20,8 @@ _DROP = ("RAY_ADDRESS", "RPG_DRY_RUN", "RPG_PRINT_ARGV", "VERL_USE_EXTERNAL_MODU
 
 
 def ensure_tiny_model() -> Path:
-    """artifacts/tiny, built (idempotently, ~1 min the first time) by scripts/make_tiny_model.py."""
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(TINY)], check=True,
-                   timeout=900)  # fmt: skip
+    """artifacts/tiny, built (idempotently, ~1 min the first time) by rpg.tools.tiny_model."""
+    subprocess.run([sys.executable, "-m", "rpg.tools.tiny_model", "--out", str(TINY)], check=True, timeout=900)
     return TINY
 
 

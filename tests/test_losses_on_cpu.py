@@ -15,7 +15,7 @@ from rpg.config import RPGPolicyLossConfig
 from rpg.divergences import DIVERGENCES
 from rpg_oracles import DIVS, weight
 
-RPG_NAMES = sorted(L.loss_table())
+RPG_NAMES = sorted(L.LOSSES)
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
@@ -153,7 +153,7 @@ def test_kl_clamp_reproduces_the_authors_clamp(div):
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", [n for n in RPG_NAMES if n != "grpo_wk3"])
 def test_registered_loss_aggregates_with_verls_agg_loss(name):
-    family, div, _ = L.loss_table()[name]
+    family, div = L.LOSSES[name].family, L.LOSSES[name].divergence
     old, log_prob, adv, mask = random_batch(3)
     cfg = actor_config(name, kl_coef=0.01)
     for agg in AGG_MODES:
@@ -173,7 +173,7 @@ def test_rollout_is_weights_multiply_the_per_token_loss(name):
     tis_garbage = torch.where(mask, tis, torch.nan)  # padding must not leak
     loss_w, g_w, _ = _registered(name, old, log_prob, adv, mask, cfg, weights=tis_garbage)
     lp = log_prob.detach().clone().requires_grad_(True)
-    family, div, _ = L.loss_table()[name]
+    family, div = L.LOSSES[name].family, L.LOSSES[name].divergence
     if family == "fd":
         mat = L.rpg_fully_differentiable(lp, old, adv, mask, div, 0.05, CLIP).loss
     else:
@@ -202,7 +202,7 @@ def _garbage_batch(extreme):
 def test_extreme_ratios_and_padding_garbage_stay_finite(name, extreme, monkeypatch):
     """|log w| up to 50 (and far beyond) and NaN/±inf in padded positions: finite loss, gradient and metrics."""
     old, lp, adv, mask = _garbage_batch(extreme)
-    if L.loss_table()[name][2]:  # grpo_wk3 needs ref log-probs
+    if L.LOSSES[name].needs_reference:  # grpo_wk3 needs ref log-probs
         ref = torch.where(mask, old - 1.0, torch.tensor(float("nan")))
         monkeypatch.setattr("rpg.reference.current_ref_log_prob", lambda: ref, raising=False)
     cfg = actor_config(name, kl_coef=1e-4)
@@ -329,7 +329,7 @@ def test_frozen_reference_uses_the_shipped_ref_log_prob(name, monkeypatch):
     monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: ref)
     cfg = actor_config(name, kl_coef=0.1, reference="frozen")
     loss, grad, metrics = _registered(name, old, log_prob, adv, mask, cfg)
-    family, div, _ = L.loss_table()[name]
+    family, div = L.LOSSES[name].family, L.LOSSES[name].divergence
     lp = log_prob.detach().clone().requires_grad_(True)
     if family == "fd":
         mat = L.rpg_fully_differentiable(lp, old, adv, mask, div, 0.1, CLIP, ref_log_prob=ref).loss

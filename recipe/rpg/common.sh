@@ -6,11 +6,15 @@
 #     preset_rpg_reinforce urkl 1e-4    # the method (a family preset), then anything that differs
 #     rpg_run "$@"
 #
-# rpg_run runs `$PYTHON -m rpg.launch <common> <profile> <optimizer> <script> "$@"` (Hydra overrides of verl's own
-# ppo_trainer config; later overrides win), or submits the same command with `ray job submit` when RAY_ADDRESS is set.
+# rpg_run runs `$PYTHON -m rpg.launch <common> <profile> <optimizer> <script> "$@"` (Hydra overrides of the package's
+# rpg/config/rpg_trainer.yaml, i.e. verl's own ppo_trainer plus the settings every recipe shares; later overrides win),
+# or submits the same command with `ray job submit` when RAY_ADDRESS is set. This file sets only what its knobs change.
 #
 # Environment knobs (all optional):
 #   MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME PYTHON
+#   Paths are taken literally (spaces and any other character included). TRAIN_FILE and TEST_FILE hold one path, or
+#   several one per line (TEST_FILE="$(ls /data/val/*.parquet)"), or a Hydra list as verl's own scripts write it
+#   (TEST_FILE="['/data/a b.parquet','/data/c.parquet']"); a value starting with `[` is read as such a list.
 #   RAY_ADDRESS   submit to this Ray cluster (`ray job submit --working-dir <repo>`); unset: run locally
 #   RPG_DRY_RUN=1 compose + validate the full config, print it as YAML and exit (no Ray, a few seconds)
 #   RPG_PROFILE   gpu (default: the paper's setup) | cpu (sources recipe/rpg/cpu/profile.sh: tiny CPU run)
@@ -21,7 +25,8 @@
 # Paper hyper-parameters (SPEC §7.5, §9.2): 512 prompts/step × 16 responses, mini-batch 32 prompts (16 optimizer
 # steps per step), token-mean loss, dual-clip c = 10, AdamW lr 1e-6 (wd 0.1, grad clip 1.0, 10 warm-up steps then
 # constant), temperature 1.0, 400 steps, validation mean@32 (n=1 sampled on 32×-duplicated files) every 10 steps,
-# DAPO reward manager (overlong buffer) + the reference's scorer (rpg.data.reward), DAPO dynamic sampling.
+# DAPO reward manager (overlong buffer) + the reference's scorer (rpg.data.reward), DAPO dynamic sampling. The fixed
+# ones are in rpg/config/rpg_trainer.yaml; the lr, the context and the method are set below.
 set -euo pipefail
 
 RPG_RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -58,18 +63,18 @@ fi
 CTX=2                   # context in K tokens: max prompt = max response = CTX*1024 (paper App. H: 2K ⇒ 4,096 total)
 PROMPT_LEN=""           # override max_prompt_length (default CTX*1024)
 RESPONSE_LEN=""         # override max_response_length (default CTX*1024)
-TOKEN_LEN_FACTOR=1      # dynamic-batch token budget per GPU = factor × (prompt + response); the authors' *_rf* used 4
+TOKEN_LEN_FACTOR=1      # dynamic-batch token budget per GPU = factor × (prompt + response); the authors' *_rf_clip_ppo* used 4 (their *_rf.sh: 1)
 LR=1e-6
 ADV_ESTIMATOR=rpg
 LOSS_MODE=vanilla
-KL_COEF=1e-4            # β of the RPG losses (policy_loss.kl_coef); only passed for RPG losses
-REFERENCE=iterative     # RPG KL reference: iterative | frozen | periodic (rpg.config.REFERENCE_MODES); frozen and
-                        # periodic need USE_KL_LOSS=True KL_LOSS_COEF=0.0 (verl builds the reference model)
-# REF_REFRESH_STEPS      periodic reference: K optimizer steps between refreshes (unset/0: off; env or script)
-# REF_REFRESH_KL         periodic reference: refresh when the token-KL moving average exceeds κ (unset/0: off)
+# RPG losses only; empty: not passed, so rpg.config.RPGPolicyLossConfig's default applies
+KL_COEF=""              # β (policy_loss.kl_coef); the RPG presets set it from their second argument
+REFERENCE=""            # KL reference: iterative (the default) | frozen | periodic (rpg.config.REFERENCE_MODES); frozen
+                        # and periodic need USE_KL_LOSS=True KL_LOSS_COEF=0.0 (verl builds the reference model)
+# REF_REFRESH_STEPS      periodic reference: K optimizer steps between refreshes (env or script)
+# REF_REFRESH_KL         periodic reference: refresh when the token-KL moving average exceeds κ (env or script)
 CLIP_LOW=0.2
 CLIP_HIGH=0.28
-CLIP_C=10.0
 USE_KL_LOSS=False       # verl's own KL loss against a frozen reference model (GRPO, REINFORCE++)
 KL_LOSS_TYPE=low_var_kl
 KL_LOSS_COEF=0.0
@@ -131,14 +136,15 @@ preset_reinforce_pp() {
 preset_reinforce_pp_baseline() { preset_reinforce_pp; ADV_ESTIMATOR=reinforce_plus_plus_baseline; }
 
 # RPG-<DIV> (fully differentiable, Algorithm 1 with the authors' additive KL; SPEC §4.2): preset_rpg DIV [β]
-preset_rpg() { _rpg_check_div "${1:-}"; ADV_ESTIMATOR=rpg; LOSS_MODE="rpg_$1"; KL_COEF=${2:-1e-4}; }
+# (β omitted: RPGPolicyLossConfig's default)
+preset_rpg() { _rpg_check_div "${1:-}"; ADV_ESTIMATOR=rpg; LOSS_MODE="rpg_$1"; KL_COEF=${2:-}; }
 
 # RPG-REINFORCE-<DIV> with RPG-Style Clip (Algorithm 2; SPEC §4.3): preset_rpg_reinforce DIV [β]
-preset_rpg_reinforce() { _rpg_check_div "${1:-}"; ADV_ESTIMATOR=rpg; LOSS_MODE="rpg_reinforce_$1"; KL_COEF=${2:-1e-4}; }
+preset_rpg_reinforce() { _rpg_check_div "${1:-}"; ADV_ESTIMATOR=rpg; LOSS_MODE="rpg_reinforce_$1"; KL_COEF=${2:-}; }
 
 # The authors' non-dual-clip REINFORCE (`rpg_rf_<div>`: truncated importance weight, SPEC D6): DIV [β]
 preset_rpg_reinforce_hardclip() {
-  _rpg_check_div "${1:-}"; ADV_ESTIMATOR=rpg; LOSS_MODE="rpg_reinforce_hardclip_$1"; KL_COEF=${2:-1e-4}
+  _rpg_check_div "${1:-}"; ADV_ESTIMATOR=rpg; LOSS_MODE="rpg_reinforce_hardclip_$1"; KL_COEF=${2:-}
 }
 
 # clip LOW HIGH: the ratio clip (ε1, ε2) of every family (verl's actor.clip_ratio_low/high).
@@ -157,10 +163,26 @@ _rpg_json_list() {  # JSON list of the arguments
   for a in "$@"; do printf '%s' "$sep"; _rpg_json_str "$a"; sep=", "; done
   printf ']'
 }
-_rpg_hydra_files() {  # a Hydra list of quoted paths, or $1 unchanged if it already is a list
+_rpg_hydra_str() {  # $1 as a single-quoted Hydra value that composes to exactly $1 (a string, never interpolated)
+  # Two escapes, per Hydra 1.3's quoted-value grammar and OmegaConf 2.3's interpolation grammar: k backslashes before
+  # a quote or the closing quote become 2k (plus \ for the quote itself); k backslashes before `${` become 2k+1.
+  local s=$1 out="" bs="" c i
+  for ((i = 0; i < ${#s}; i++)); do
+    c=${s:i:1}
+    if [[ "$c" == '\' ]]; then bs+='\'; continue; fi
+    if [[ "$c" == "'" ]]; then out+="$bs$bs\\'"
+    elif [[ "$c" == '$' && "${s:i+1:1}" == '{' ]]; then out+="$bs$bs\\\$"
+    else out+="$bs$c"; fi
+    bs=""
+  done
+  printf "'%s'" "$out$bs$bs"
+}
+_rpg_hydra_files() {  # Hydra list of the paths in $1, one per line (a path may hold spaces); $1 as is if it is a list
   if [[ "$1" == \[* ]]; then printf '%s' "$1"; return; fi
   local out="" f
-  for f in $1; do out+="${out:+,}'$f'"; done
+  while IFS= read -r f; do
+    if [[ -n "$f" ]]; then out+="${out:+,}$(_rpg_hydra_str "$f")"; fi
+  done <<< "$1"
   printf '[%s]' "$out"
 }
 
@@ -171,107 +193,53 @@ rpg_run() {
   local ckpts_dir=${CKPTS_DIR:-$RPG_REPO_DIR/ckpts/$PROJECT_NAME/$exp_name}
   local model_path=${MODEL_PATH:-Qwen/Qwen3-4B}
   local test_files="${TEST_FILE:-}" v
-  if [[ -z "$test_files" ]]; then for v in $VAL_SETS; do test_files+=" $DATA_DIR/$v.parquet"; done; fi
+  if [[ -z "$test_files" ]]; then  # one path per line (paths may hold spaces)
+    for v in $VAL_SETS; do test_files+="${test_files:+$'\n'}$DATA_DIR/$v.parquet"; done
+  fi
   local optim=${OPTIM:-adamw}
 
+  # Everything fixed is in rpg/config/rpg_trainer.yaml; these are the knobs and what is computed from them.
   local -a common=(
-    # data (SPEC §7.2, §7.5)
+    # data (SPEC §7.2, §7.5): files, context length
     "data.train_files=$(_rpg_hydra_files "$TRAIN_FILE")"
     "data.val_files=$(_rpg_hydra_files "$test_files")"
-    data.prompt_key=prompt
-    data.truncation=left
     "data.max_prompt_length=$prompt_len"
     "data.max_response_length=$response_len"
-    data.train_batch_size=512
-    # algorithm
+    # method: advantage estimator, dynamic sampling, loss, clip, verl's KL loss, lr
     "algorithm.adv_estimator=$ADV_ESTIMATOR"
-    algorithm.use_kl_in_reward=False
     "algorithm.filter_groups.enable=$DYNAMIC_SAMPLING"
-    algorithm.filter_groups.metric=acc
-    # The authors generated 3 × 512 prompts per round (max 20 rounds). verl 0.9.1's v1 replay buffer refills
-    # evicted groups until 512 prompts are kept, with at most max_inflight_gen_batches × 512 prompts in flight
-    # (it ignores max_num_gen_batches, so that key is not set).
-    algorithm.filter_groups.max_inflight_gen_batches=3
-    # actor: loss, clip, optimizer
     "actor_rollout_ref.actor.policy_loss.loss_mode=$LOSS_MODE"
     "actor_rollout_ref.actor.clip_ratio_low=$CLIP_LOW"
     "actor_rollout_ref.actor.clip_ratio_high=$CLIP_HIGH"
-    "actor_rollout_ref.actor.clip_ratio_c=$CLIP_C"
-    actor_rollout_ref.actor.loss_agg_mode=token-mean
-    actor_rollout_ref.actor.entropy_coeff=0
     "actor_rollout_ref.actor.use_kl_loss=$USE_KL_LOSS"
     "actor_rollout_ref.actor.kl_loss_type=$KL_LOSS_TYPE"
     "actor_rollout_ref.actor.kl_loss_coef=$KL_LOSS_COEF"
-    actor_rollout_ref.actor.ppo_mini_batch_size=32
-    actor_rollout_ref.actor.ppo_epochs=1
     "actor_rollout_ref.actor.optim.lr=$LR"
-    actor_rollout_ref.actor.optim.lr_warmup_steps=10
-    actor_rollout_ref.actor.optim.lr_scheduler_type=constant
-    actor_rollout_ref.actor.optim.weight_decay=0.1
-    actor_rollout_ref.actor.optim.clip_grad=1.0
-    # dynamic batch size, packed sequences, gradient checkpointing (SPEC §7.1, §7.5)
-    actor_rollout_ref.actor.use_dynamic_bsz=True
+    # token budgets of the dynamic batch size and of vLLM's batches, from the context length (SPEC §7.1, §7.5)
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$token_len"
-    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$token_len"
-    actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$token_len"
-    "actor_rollout_ref.model.path=$model_path"
-    actor_rollout_ref.model.use_remove_padding=True
-    actor_rollout_ref.model.enable_gradient_checkpointing=True
-    +actor_rollout_ref.model.override_config.attention_dropout=0.0
-    +actor_rollout_ref.model.override_config.embd_pdrop=0.0
-    +actor_rollout_ref.model.override_config.resid_pdrop=0.0
-    # rollout (vLLM) and validation: mean@32 = n=1 sampled at T=1 on 32×-duplicated files (SPEC §7.6)
-    actor_rollout_ref.rollout.name=vllm
-    actor_rollout_ref.rollout.n=16
-    actor_rollout_ref.rollout.temperature=1.0
-    actor_rollout_ref.rollout.top_p=1.0
-    actor_rollout_ref.rollout.top_k=-1
-    actor_rollout_ref.rollout.tensor_model_parallel_size=1
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.85
-    actor_rollout_ref.rollout.enable_chunked_prefill=True
+    "actor_rollout_ref.model.path=$(_rpg_hydra_str "$model_path")"
     "actor_rollout_ref.rollout.max_num_batched_tokens=$((prompt_len + response_len))"
-    actor_rollout_ref.rollout.val_kwargs.n=1
-    actor_rollout_ref.rollout.val_kwargs.do_sample=True
-    actor_rollout_ref.rollout.val_kwargs.temperature=1.0
-    actor_rollout_ref.rollout.val_kwargs.top_p=1.0
-    actor_rollout_ref.rollout.val_kwargs.top_k=-1
-    # reward: DAPO manager (overlong penalty, SPEC §7.4 step 3) + the reference's scorer (steps 1-2)
-    reward.reward_manager.name=dapo
-    reward.custom_reward_function.path=pkg://rpg.data.reward
-    reward.custom_reward_function.name=compute_score
-    "+reward.reward_kwargs.max_resp_len=$response_len"
-    "+reward.reward_kwargs.overlong_buffer_cfg.enable=$OVERLONG"
-    "+reward.reward_kwargs.overlong_buffer_cfg.len=$((response_len / 4))"
-    +reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0
-    +reward.reward_kwargs.overlong_buffer_cfg.log=False
-    # trainer: 400 steps (total_epochs only needs to be large enough), eval every 10, save every 20
-    "trainer.project_name=$PROJECT_NAME"
-    "trainer.experiment_name=$exp_name"
-    "trainer.logger=[console,wandb]"
+    # DAPO overlong penalty (SPEC §7.4 step 3): on/off, buffer = the last quarter of the response
+    "reward.reward_kwargs.overlong_buffer_cfg.enable=$OVERLONG"
+    "reward.reward_kwargs.overlong_buffer_cfg.len=$((response_len / 4))"
+    # names and cluster
+    "trainer.project_name=$(_rpg_hydra_str "$PROJECT_NAME")"
+    "trainer.experiment_name=$(_rpg_hydra_str "$exp_name")"
     "trainer.nnodes=$NNODES"
     "trainer.n_gpus_per_node=$N_GPUS"
-    trainer.total_training_steps=400
-    trainer.total_epochs=1000
-    trainer.val_before_train=True
-    trainer.test_freq=10
-    trainer.save_freq=20
-    trainer.max_actor_ckpt_to_keep=1
-    trainer.resume_mode=auto
-    "trainer.default_local_dir=$ckpts_dir"
+    "trainer.default_local_dir=$(_rpg_hydra_str "$ckpts_dir")"
   )
   if [[ "$LOSS_MODE" == rpg_* || "$LOSS_MODE" == grpo_wk3 ]]; then
-    common+=(
-      actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig
-      "+actor_rollout_ref.actor.policy_loss.kl_coef=$KL_COEF"
-      "+actor_rollout_ref.actor.policy_loss.reference=$REFERENCE"
-    )
+    common+=(actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig)
+    # RPGPolicyLossConfig fields (new to verl's yaml: `+`), only when set: the defaults live in rpg/config.py
+    [[ -z "$KL_COEF" ]] || common+=("+actor_rollout_ref.actor.policy_loss.kl_coef=$KL_COEF")
+    [[ -z "$REFERENCE" ]] || common+=("+actor_rollout_ref.actor.policy_loss.reference=$REFERENCE")
     if [[ "$REFERENCE" == periodic ]]; then
-      common+=(
-        "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=${REF_REFRESH_STEPS:-0}"
-        "+actor_rollout_ref.actor.policy_loss.ref_refresh_kl=${REF_REFRESH_KL:-0.0}"
-      )
+      [[ -z "${REF_REFRESH_STEPS:-}" ]] ||
+        common+=("+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=$REF_REFRESH_STEPS")
+      [[ -z "${REF_REFRESH_KL:-}" ]] || common+=("+actor_rollout_ref.actor.policy_loss.ref_refresh_kl=$REF_REFRESH_KL")
     fi
   fi
 

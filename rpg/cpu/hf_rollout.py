@@ -26,7 +26,11 @@ Semantics (mirrors verl's vLLM server so the trainer cannot tell the difference)
 * seeding: every request samples with its own ``torch.Generator``, seeded from ``rollout.seed``, the request's own
   ``seed`` (if any), the weight version (``global_steps``), the prompt ids and the occurrence count of that prompt
   under this weight version. Samples are therefore reproducible under a seed and independent of how requests were
-  grouped into micro-batches (identical prompts are interchangeable copies).
+  grouped into micro-batches: `decode_batch` pads prompts to ``prompt_length`` tokens and batches to at least
+  `MIN_DECODE_ROWS` rows, so a row's logits do not depend on the other rows of its batch (bit-identical with the CPU
+  kernels tested; without the padding they differ in the last bits). The n copies of a prompt are interchangeable:
+  they receive the same n samples whatever their arrival order, but which copy gets which sample follows arrival
+  order, so the CPU sampler (`rpg.cpu.sampler`) orders each group's samples by content.
 
 Micro-batching (cpu-rl-demo.md §7): requests that arrive within ``RPG_HF_ROLLOUT_BATCH_WINDOW`` seconds (default
 0.02) are left-padded and decoded together (one KV-cached forward per new token for the whole batch), grouped by
@@ -52,7 +56,8 @@ import torch
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
-__all__ = ["HFReplica", "HFRolloutServer", "HFServerAdapter", "SamplingSpec", "decode_batch", "server_name"]
+__all__ = ["HFReplica", "HFRolloutServer", "HFServerAdapter", "SamplingSpec", "decode_batch", "load_model", "request_seed",
+           "server_name"]
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.environ.get("VERL_LOGGING_LEVEL", "INFO"))
@@ -157,24 +162,36 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
     return logits
 
 
+#: Decode at least this many rows (filler rows are added): CPU GEMM kernels round differently for 1-3 rows than for
+#: more, so a request's log-probs (and, at near-ties, its tokens) would depend on how many requests shared its batch.
+MIN_DECODE_ROWS = 8
+
+
 @torch.no_grad()
 def decode_batch(model: torch.nn.Module, prompts: list[list[int]], specs: list[SamplingSpec],
-                 generators: list[Optional[torch.Generator]], pad_token_id: int) -> list[tuple[list[int], list[float]]]:
+                 generators: list[Optional[torch.Generator]], pad_token_id: int,
+                 prompt_width: int = 0) -> list[tuple[list[int], list[float]]]:
     """KV-cached batched decoding of left-padded prompts; each row has its own max length, stop set and generator.
+
+    A row's results do not depend on the other rows when the batch shape does not: prompts are left-padded to
+    ``max(prompt_width, longest prompt)`` tokens and the batch to at least `MIN_DECODE_ROWS` rows.
 
     Args:
         prompts: B lists of prompt token ids (any lengths).
         specs: B `SamplingSpec` sharing one ``group_key`` (temperature/top-k/top-p).
         generators: B per-row generators (ignored when greedy).
+        prompt_width: pad prompts to at least this many tokens (the server passes its ``prompt_length``).
     Returns:
         B pairs ``(response_ids, log_probs)``; a row ends after its first stop token (included) or at ``max_tokens``.
         ``log_probs`` are processed log-probs of the chosen tokens (empty if the spec did not ask for them).
     """
     spec0 = specs[0]
     assert all(s.group_key == spec0.group_key for s in specs), "decode_batch: mixed sampling groups"
-    bsz, plen = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((bsz, plen), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((bsz, plen), dtype=torch.long)
+    bsz, plen = len(prompts), max(prompt_width, *(len(p) for p in prompts))
+    rows = max(bsz, MIN_DECODE_ROWS)  # rows >= bsz are fillers: one pad token, outputs discarded
+    ids = torch.full((rows, plen), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((rows, plen), dtype=torch.long)
+    mask[bsz:, -1] = 1
     for i, p in enumerate(prompts):
         ids[i, plen - len(p):] = torch.tensor(p, dtype=torch.long)
         mask[i, plen - len(p):] = 1
@@ -195,7 +212,7 @@ def decode_batch(model: torch.nn.Module, prompts: list[list[int]], specs: list[S
         else:
             logprobs = torch.log_softmax(process_logits(logits, spec0.temperature, spec0.top_k, spec0.top_p), -1)
             probs = logprobs.exp()
-            next_ids = torch.zeros(bsz, dtype=torch.long)
+            next_ids = torch.zeros(rows, dtype=torch.long)
             for i in active:
                 next_ids[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
         chosen_lp = logprobs.gather(-1, next_ids[:, None])[:, 0]
@@ -210,11 +227,29 @@ def decode_batch(model: torch.nn.Module, prompts: list[list[int]], specs: list[S
         if not active:
             break
         # finished rows keep decoding a pad token (their outputs are no longer recorded)
-        step_ids = next_ids.masked_fill(torch.ones(bsz, dtype=torch.bool).index_fill(0, torch.tensor(active), False),
+        step_ids = next_ids.masked_fill(torch.ones(rows, dtype=torch.bool).index_fill(0, torch.tensor(active), False),
                                         pad_token_id)[:, None]
         step_pos = step_pos[:, -1:] + 1
-        mask = torch.cat([mask, torch.ones((bsz, 1), dtype=torch.long)], dim=-1)
+        mask = torch.cat([mask, torch.ones((rows, 1), dtype=torch.long)], dim=-1)
     return [(out_ids[i], out_lps[i] if specs[i].logprobs else []) for i in range(bsz)]
+
+
+def load_model(path: str, attn_implementation: str = "eager") -> tuple[torch.nn.Module, tuple[int, ...], int]:
+    """An fp32 causal LM in eval mode, its stop ids and its pad id (shared by the server and ``rpg-evaluate``).
+
+    Returns:
+        ``(model, eos_token_ids, pad_token_id)``: the stop ids are ``generation_config.eos_token_id`` (int or list),
+        else ``config.eos_token_id``; the pad id is the generation config's, else the config's, else the first stop id.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
+    model.eval()
+    gen_cfg = model.generation_config
+    eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else model.config.eos_token_id
+    eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+    pad = gen_cfg.pad_token_id if gen_cfg.pad_token_id is not None else model.config.pad_token_id
+    return model, eos_token_ids, int(pad if pad is not None else (eos_token_ids or (0,))[0])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -236,8 +271,6 @@ class HFRolloutServer:
     """
 
     def __init__(self, config: Any, model_config: Any, replica_rank: int = 0, rollout_mode: Any = None):
-        from transformers import AutoModelForCausalLM
-
         torch.set_num_threads(int(os.environ.get("RPG_HF_ROLLOUT_THREADS", "1")))
         self.config = config
         self.replica_rank = replica_rank
@@ -247,12 +280,7 @@ class HFRolloutServer:
         path = _cfg_get(model_config, "local_path") or _cfg_get(model_config, "path")
         override = _cfg_get(model_config, "override_config", None) or {}
         attn = _cfg_get(override, "attn_implementation", None) or "eager"
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).eval()
-        gen_cfg = self.model.generation_config
-        eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else self.model.config.eos_token_id
-        self.eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-        pad = gen_cfg.pad_token_id if gen_cfg.pad_token_id is not None else self.model.config.pad_token_id
-        self.pad_token_id = int(pad if pad is not None else (self.eos_token_ids or (0,))[0])
+        self.model, self.eos_token_ids, self.pad_token_id = load_model(path, attn)
         self.tied_keys = {k for k in self.model.state_dict() if k == "lm_head.weight"} \
             if getattr(self.model.config, "tie_word_embeddings", False) else set()
         self.global_steps = 0  # an int before the first update (the v1 trainer casts it with int())
@@ -314,7 +342,8 @@ class HFRolloutServer:
             t0 = time.perf_counter()
             try:
                 results = await asyncio.to_thread(decode_batch, self.model, [it[0] for it in items],
-                                                  [it[1] for it in items], [it[2] for it in items], self.pad_token_id)
+                                                  [it[1] for it in items], [it[2] for it in items], self.pad_token_id,
+                                                  self.prompt_length)
             except Exception as exc:  # fail these requests, keep serving
                 logger.exception("HFRolloutServer: decode failed")
                 for it in items:

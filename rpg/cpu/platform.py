@@ -2,7 +2,8 @@
 
 verl 0.9.1 ships platforms for CUDA, ROCm and NPU only (`verl.plugin.platform`). This module adds one through verl's
 own extension point, `PlatformRegistry.register("cpu")`, plus the three small shims that verl's code paths need on
-CPU (each documented below, none edits verl files):
+CPU (each documented below, none edits verl files; each checks the verl version and the signature of what it
+replaces first, `rpg.compat`, and fails at start-up naming both on a verl it was not written for):
 
 1. gloo process groups: verl builds ``backend="cpu:gloo,{device}:{backend}"``, which is ``"cpu:gloo,cpu:gloo"`` on
    CPU and torch rejects it ("Duplicate device type cpu"). `initialize_global_process_group_ray` is wrapped so that
@@ -39,11 +40,14 @@ import torch
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
+from rpg.compat import SUPPORTED_VERL, require_signature, require_version
+
 __all__ = ["PLATFORM_NAME", "PlatformCPU", "install", "is_requested"]
 
 logger = logging.getLogger(__name__)
 
 PLATFORM_NAME = "cpu"
+SHIMS = "rpg's CPU-platform shims (rpg/cpu/platform.py)"
 
 
 def _noop(*args, **kwargs) -> None:
@@ -179,17 +183,22 @@ def install() -> None:
     Patches the module attributes verl reads (`verl.utils.distributed.initialize_global_process_group_ray`,
     `verl.utils.fsdp_utils.CPUOffloadPolicy`), and the copies bound by ``from ... import`` in modules that are already
     imported (`verl.workers.engine_workers`, `verl.workers.engine.fsdp.transformer_impl`). Sets
-    ``VERL_ENGINE_DEVICE=cuda`` if unset so verl's FSDP engine is selected.
+    ``VERL_ENGINE_DEVICE=cuda`` if unset so verl's FSDP engine is selected. Checks the verl version and the
+    signatures of what it replaces first (`rpg.compat`): on another verl it raises, naming both, before patching.
     """
     global _INSTALLED
     if _INSTALLED:
         return
-    os.environ.setdefault("VERL_PLATFORM", PLATFORM_NAME)
-    os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
-
     import verl.plugin.platform.platform_manager as pm
     import verl.utils.distributed as vdist
     import verl.utils.fsdp_utils as fsdp_utils
+
+    require_version("verl", SUPPORTED_VERL, SHIMS)  # also covers set_platform/_current_platform of the manager
+    require_signature(vdist.initialize_global_process_group_ray, ("timeout_second", "backend"), SHIMS)
+    if fsdp_utils.CPUOffloadPolicy is not None:
+        require_signature(fsdp_utils.CPUOffloadPolicy, ("pin_memory",), SHIMS)
+    os.environ.setdefault("VERL_PLATFORM", PLATFORM_NAME)
+    os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
 
     current = pm._current_platform
     if current is None or current.device_name != PLATFORM_NAME:

@@ -4,5 +4,5 @@
   ``reward.custom_reward_function`` for the sources verl 0.9.1's ``default_compute_score``
   cannot score (``amc_23``, ``minerva-math``, ``olympiadbench``).
 
-The data-preparation and report CLIs live in ``scripts/prepare_data.py`` and ``scripts/report.py``.
+The data-preparation and report tools are :mod:`rpg.tools.prepare_data` and :mod:`rpg.tools.report`.
 """

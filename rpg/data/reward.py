@@ -23,10 +23,22 @@ Why verl's ``default_compute_score`` alone is not enough (checked in verl 0.9.1,
    ``math_dapo`` scorer below therefore calls verl's ``is_correct_minerva`` directly.
 
 Every other ``data_source`` is delegated unchanged to verl's ``default_compute_score``.
+
+What the trainer hands over: verl reads each parquet row with Hugging Face ``datasets``, so the ground truth has the
+Python type of its column (str, int, float, bool, list or None) and the data source may be None. The scorers owned
+here take the ground truth through ``ground_truth_text``: a number or a one-element list scores as its text (``5``,
+``5.0`` and ``[5]`` all match ``Answer: 5``); a bool, None, NaN, a list of another length or any other value raises
+``ValueError``. Delegated sources get the value unchanged (verl's scorers define their own input). ``rpg.launch``
+checks every row of the local train/validation files with ``has_scorer`` and ``ground_truth_text`` before a run
+starts, so these errors surface at launch, not at the first validation.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -74,6 +86,11 @@ def math_verify_score(solution_str: str, ground_truth: str) -> ScoreDict:
     return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred}
 
 
+def own_sources() -> list[str]:
+    """The ``data_source`` names scored here (``aime*`` = any name with that prefix), for error messages."""
+    return sorted(MATH_DAPO_SOURCES | MATH_VERIFY_SOURCES) + [f"{p}*" for p in MATH_DAPO_PREFIXES]
+
+
 def scorer_for(data_source: str) -> Callable[[str, str], ScoreDict] | None:
     """The reference scorer for ``data_source``, or ``None`` if verl's default routing applies."""
     if data_source in MATH_DAPO_SOURCES or data_source.startswith(MATH_DAPO_PREFIXES):
@@ -83,16 +100,80 @@ def scorer_for(data_source: str) -> Callable[[str, str], ScoreDict] | None:
     return None
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs: Any):
+def ground_truth_text(ground_truth: Any) -> str:
+    """The answer text of a ground truth as the scorers here compare it.
+
+    str → itself; int → its decimal text; float → the int text if integral (``5.0`` → ``"5"``), else its
+    shortest round-trip text (``0.5`` → ``"0.5"``); a one-element list, tuple or array → its element's text;
+    numpy scalars as their Python value. Raises ``ValueError`` naming the value for bool, None, NaN/inf, lists of
+    another length and any other type (no answer to compare against).
+    """
+    if isinstance(ground_truth, str):
+        return str(ground_truth)
+    if hasattr(ground_truth, "tolist") and not isinstance(ground_truth, list | tuple):  # numpy scalar or array
+        ground_truth = ground_truth.tolist()
+    if isinstance(ground_truth, list | tuple):
+        if len(ground_truth) == 1 and not isinstance(ground_truth[0], list | tuple):
+            return ground_truth_text(ground_truth[0])
+        raise ValueError(
+            f"ground truth {ground_truth!r} ({type(ground_truth).__name__} of {len(ground_truth)} elements) cannot "
+            "be scored: one answer per row (a string, a number or a one-element list)"
+        )
+    if isinstance(ground_truth, numbers.Integral) and not isinstance(ground_truth, bool):
+        return str(int(ground_truth))
+    if isinstance(ground_truth, numbers.Real) and not isinstance(ground_truth, bool) and math.isfinite(ground_truth):
+        value = float(ground_truth)
+        return str(int(value)) if value.is_integer() else repr(value)
+    raise ValueError(
+        f"ground truth {ground_truth!r} ({type(ground_truth).__name__}) cannot be scored: give the answer as a "
+        "string (or a finite number, or a one-element list)"
+    )
+
+
+def _check_data_source(data_source: Any) -> str:
+    if not isinstance(data_source, str):
+        raise ValueError(
+            f"data_source={data_source!r} is not a string: every row needs a data_source naming its scorer "
+            "(e.g. 'math_dapo', 'aime-2024'); fix the data file"
+        )
+    return data_source
+
+
+def verl_has_scorer(data_source: str) -> bool:
+    """True if verl's ``default_compute_score`` routes ``data_source`` to a scorer.
+
+    verl 0.9.1 has no query for its routing: its dispatcher raises ``NotImplementedError`` for an unknown source
+    before importing any scorer, while every routed scorer fails at once on a ``None`` response (or returns a
+    score). The probe calls it that way, with the scorers' prints silenced; it runs no model and no sandbox.
+    """
+    from verl.utils.reward_score import default_compute_score
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            default_compute_score(data_source, None, None)
+    except NotImplementedError:
+        return False
+    except Exception:  # noqa: BLE001 -- the routed scorer rejected the probe: it exists
+        return True
+    return True
+
+
+def has_scorer(data_source: Any) -> bool:
+    """True if ``compute_score`` can score rows of ``data_source`` (its own scorers, else verl's routing)."""
+    return isinstance(data_source, str) and (scorer_for(data_source) is not None or verl_has_scorer(data_source))
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any):
     """verl custom-reward-function signature (``reward.custom_reward_function``).
 
     Routes ``data_source`` as the reference does (SPEC §7.4); unknown sources go to verl's
     ``default_compute_score`` (which raises ``NotImplementedError`` naming the source if verl cannot
-    score it either).
+    score it either) with the ground truth unchanged. The scorers owned here read the ground truth through
+    ``ground_truth_text`` (numbers and one-element lists are scored; see the module docstring).
     """
-    scorer = scorer_for(data_source)
+    scorer = scorer_for(_check_data_source(data_source))
     if scorer is None:
         from verl.utils.reward_score import default_compute_score
 
         return default_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
-    return scorer(solution_str, ground_truth)
+    return scorer(solution_str, ground_truth_text(ground_truth))

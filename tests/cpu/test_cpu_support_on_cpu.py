@@ -57,6 +57,59 @@ def test_importing_without_cpu_request_changes_nothing():
     assert out["device"] != "cpu" and out["patched"] is False
 
 
+VERSION_PROBE = r"""
+import importlib.metadata, json
+_real = importlib.metadata.version
+importlib.metadata.version = lambda p: "0.8.0" if p == "verl" else _real(p)
+try:
+    import verl  # VERL_USE_EXTERNAL_MODULES=rpg.cpu.platform with VERL_PLATFORM=cpu installs the shims here
+    print("RESULT" + json.dumps(None))
+except RuntimeError as e:
+    print("RESULT" + json.dumps(str(e)))
+"""
+
+SIGNATURE_PROBE = r"""
+import json
+import verl.utils.distributed as vd
+orig = vd.initialize_global_process_group_ray
+def initialize_global_process_group_ray(timeout_second=None, backend=None, device_id=None):
+    return orig(timeout_second, backend)
+initialize_global_process_group_ray.__module__ = orig.__module__
+vd.initialize_global_process_group_ray = initialize_global_process_group_ray
+from rpg.cpu import platform
+try:
+    platform.install()
+    error = None
+except RuntimeError as e:
+    error = str(e)
+print("RESULT" + json.dumps({"error": error, "replaced": vd.initialize_global_process_group_ray
+                             is not initialize_global_process_group_ray}))
+"""
+
+
+def _result(code, env_update):
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES",
+                                                            "VERL_ENGINE_DEVICE")}
+    env.update(env_update)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT")]
+    assert res.returncode == 0 and lines, res.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT"):])
+
+
+def test_shims_refuse_a_verl_version_they_were_not_written_for():
+    error = _result(VERSION_PROBE, {"VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "rpg.cpu.platform"})
+    assert "verl 0.8.0" in error and "verl>=0.9.1,<0.10" in error and "CPU-platform shims" in error
+
+
+def test_shims_refuse_a_changed_signature_and_replace_nothing():
+    out = _result(SIGNATURE_PROBE, {})
+    name = "verl.utils.distributed.initialize_global_process_group_ray"
+    assert f"{name}('timeout_second', 'backend')" in out["error"] and "CPU-platform shims" in out["error"]
+    assert f"{name}('timeout_second', 'backend', 'device_id')" in out["error"]
+    assert out["replaced"] is False
+
+
 # --------------------------------------------------------------------------------------------------- sampler --
 def make_sampler(**sampler_kwargs):
     from rpg.cpu.sampler import FastPollReplayBuffer

@@ -90,6 +90,27 @@ def test_sampling_reproducible_under_seed(tiny_qwen2_dir):
     assert one_by_one == a
 
 
+def test_samples_and_logprobs_do_not_depend_on_batching_or_arrival_order(tiny_qwen2_dir):
+    """A run is reproducible only if a request's sample (and its log-probs, bit for bit) depends on its seed, prompt
+    and occurrence, not on which requests share its micro-batch or arrive first."""
+    requests = [(p, SAMPLE) for p in PROMPTS * 3] + [([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], SAMPLE)]
+
+    def served(chunks):
+        server, outs = make_server(tiny_qwen2_dir), {}
+        for chunk in chunks:  # each chunk arrives together (one micro-batch); chunks one after another
+            for i, out in zip(chunk, run(server, [requests[i] for i in chunk])):
+                outs[i] = out
+        by_prompt: dict[tuple, list] = {}
+        for i in sorted(outs):
+            by_prompt.setdefault(tuple(requests[i][0]), []).append((out := outs[i]).token_ids + out.log_probs)
+        return {p: sorted(samples) for p, samples in by_prompt.items()}
+
+    order = list(range(len(requests)))
+    together = served([order])
+    assert served([[i] for i in order]) == together
+    assert served([order[::-1][k:k + 3] for k in range(0, len(order), 3)]) == together
+
+
 def test_max_tokens_stop_tokens_and_eos(tiny_qwen2_dir):
     server = make_server(tiny_qwen2_dir)
     out = run(server, [(PROMPTS[0], dict(GREEDY, max_tokens=5))])[0]

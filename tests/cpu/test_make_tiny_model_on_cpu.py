@@ -1,19 +1,14 @@
-"""scripts/make_tiny_model.py: task format vs verl's math_dapo scorer, verl data schema, determinism, idempotence.
+"""rpg.tools.tiny_model: task format vs verl's math_dapo scorer, verl data schema, determinism, idempotence.
 
 Builds with a 10-step SFT budget into a temporary folder (about 20 s for three builds).
 """
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "scripts" / "make_tiny_model.py")
-mtm = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mtm)
+from rpg.tools import tiny_model as mtm
 
 QUICK = ["--max-steps", "10", "--eval-every", "5", "--target", "0.9,1.0", "--n-train", "300"]
 
@@ -76,3 +71,61 @@ def test_idempotent_and_deterministic(built, tmp_path, capsys):
 def test_bad_target_is_named():
     with pytest.raises(SystemExit):
         mtm.parse_args(["--target", "0.6,0.2"])
+
+
+@pytest.mark.parametrize("layout", ["user_folder", "user_file_in_own_build"])
+def test_never_deletes_files_it_did_not_create(built, tmp_path, capsys, layout):
+    """An --out folder with files the tool did not write is refused, naming the folder; nothing is deleted."""
+    if layout == "user_folder":
+        out = tmp_path / "mine"
+        (out / "sub").mkdir(parents=True)
+        (out / "notes.txt").write_text("keep me")
+        (out / "sub" / "data.bin").write_bytes(b"\x00")
+        keep = {"notes.txt": b"keep me", "sub/data.bin": b"\x00"}
+    else:  # a copy of a real build with a user's file added to model/
+        import shutil
+
+        out = tmp_path / "tiny"
+        shutil.copytree(built, out)
+        (out / "model" / "README.md").write_text("my notes")
+        weights = (built / "model" / "model.safetensors").read_bytes()
+        keep = {"model/README.md": b"my notes", "model/model.safetensors": weights}
+    assert mtm.main(["--out", str(out), *QUICK, "--seed", "7"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} " in err and "not created by rpg-tiny-model" in err, err
+    for rel, data in keep.items():
+        assert (out / rel).read_bytes() == data
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+
+
+def test_out_may_be_an_existing_empty_folder_but_not_a_file(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert mtm.main(["--out", str(empty), *QUICK, "--max-steps", "0", "--n-train", "10"]) == 0
+    assert (empty / "model" / "config.json").is_file()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert mtm.main(["--out", str(a_file), *QUICK]) == 2
+    assert f"--out {a_file} is not a folder" in capsys.readouterr().err
+    assert a_file.read_text() == "x"
+
+
+def test_sigterm_during_the_build_removes_the_temporary_folder(tmp_path):
+    """A real SIGTERM while the model trains: exit 143, neither the temporary folder nor a partial --out remains."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "tiny"
+    cmd = [sys.executable, "-m", "rpg.tools.tiny_model", "--out", str(out)]
+    cmd += ["--max-steps", "99999", "--eval-every", "99999"]  # SFT that runs until the signal
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not list(tmp_path.iterdir()) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert [p.name[:6] for p in tmp_path.iterdir()] == [".tiny."], "the build folder never appeared"
+    time.sleep(1.0)  # into the SFT loop
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert list(tmp_path.iterdir()) == []

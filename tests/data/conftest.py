@@ -1,36 +1,22 @@
-"""Shared fixtures for the data/reward/report tests: load the CLI scripts as modules, a tiny tokenizer."""
+"""Shared fixtures for the data/reward/report tests: the tool modules, a tiny tokenizer."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def load_script(name: str):
-    """Import ``scripts/<name>.py`` as a module (the scripts are CLIs, not a package)."""
-    module_name = f"_rpg_script_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")
 def prepare_data():
-    return load_script("prepare_data")
+    from rpg.tools import prepare_data
+
+    return prepare_data
 
 
 @pytest.fixture(scope="session")
 def report():
-    return load_script("report")
+    from rpg.tools import report
+
+    return report
 
 
 CHATML = (

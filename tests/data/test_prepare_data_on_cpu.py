@@ -1,4 +1,4 @@
-"""scripts/prepare_data.py: schema and byte-exact template (SPEC §12), k-repetition, dedup, English filter,
+"""rpg.tools.prepare_data: schema and byte-exact template (SPEC §12), k-repetition, dedup, English filter,
 malformed input, atomic and re-runnable writes."""
 
 from __future__ import annotations
@@ -77,6 +77,53 @@ def test_malformed_row_names_row_and_field_and_writes_nothing(prepare_data, tmp_
     assert prepare_data.main(["aime-2025", "--source", str(src), "--out", str(out)]) == 2
     assert "row 3: missing field 'answer'" in capsys.readouterr().err
     assert os.listdir(tmp_path) == ["bad.jsonl"]
+
+
+# An AMC-2023-style problem whose raw text ends in a space, and one with a leading newline, a tab and double spaces.
+RAW_TRAILING_SPACE = "How many positive integers $n$ satisfy $n^2 < 50$? "
+RAW_WHITESPACE = "\n  Let $f(x) = x^2$.\tCompute  $f(3)$.\n"
+
+
+def test_raw_problem_text_is_kept_byte_for_byte(prepare_data, tmp_path):
+    """The prompt is PRE + the raw problem + POST with no whitespace normalisation (the authors' files keep the text
+    as given), and the tool rebuilds the same file from its own output (verl schema in, raw text recovered)."""
+    src = write_jsonl(tmp_path / "amc.jsonl", [{"problem": RAW_TRAILING_SPACE, "answer": "7"},
+                                               {"problem": RAW_WHITESPACE, "answer": 9}])
+    out = tmp_path / "amc-2023.parquet"
+    prepare_data.prepare("amc-2023", source=str(src), output=str(out), repeat=2)
+    rows = pq.read_table(out).to_pylist()
+    # hand-written expected bytes: "...answer to the problem.\n\n" + raw + "\n\nRemember..."
+    assert rows[0]["prompt"][0]["content"] == (
+        "Solve the following math problem step by step. The last line of your response should be of the form "
+        "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+        "How many positive integers $n$ satisfy $n^2 < 50$? \n\n"
+        'Remember to put your answer on its own line after "Answer:".'
+    )
+    assert [r["extra_info"]["raw_problem"] for r in rows] == [RAW_TRAILING_SPACE] * 2 + [RAW_WHITESPACE] * 2
+    assert rows[2]["prompt"][0]["content"] == prepare_data.PRE + RAW_WHITESPACE + prepare_data.POST
+    # round trip: the written file as input (templated prompts) gives back the raw problems and the same bytes
+    again = tmp_path / "again.parquet"
+    prepare_data.prepare("amc-2023", source=str(out), output=str(again), repeat=2)
+    assert pq.read_table(again).to_pylist() == rows
+    # (the 2 x 2 input rows are 2 problems: duplicates are dropped before repeating)
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_dedup_compares_stripped_text_but_keeps_the_raw_text(prepare_data, tmp_path):
+    rows = [{"problem": RAW_TRAILING_SPACE, "answer": "7"},
+            {"problem": RAW_TRAILING_SPACE.strip(), "answer": "7"},  # same problem up to whitespace: a duplicate
+            {"problem": "\t" + RAW_TRAILING_SPACE.strip(), "answer": "8"},  # same problem, another answer
+            {"problem": "  \n", "answer": "1"}]  # whitespace only: no problem
+    src = write_jsonl(tmp_path / "train.jsonl", rows[:3])
+    out = tmp_path / "train.parquet"
+    summary = prepare_data.prepare("dapo-math-17k", source=str(src), output=str(out))
+    assert (summary.duplicates, summary.unique, summary.conflicting_answers) == (1, 2, 1)
+    got = pq.read_table(out).to_pylist()
+    assert [r["extra_info"]["raw_problem"] for r in got] == [RAW_TRAILING_SPACE, "\t" + RAW_TRAILING_SPACE.strip()]
+    with pytest.raises(prepare_data.DataError, match=r"row 1: missing field 'problem'"):
+        prepare_data.extract(rows[3], "row 1")
+    # two question columns equal up to whitespace are not ambiguous; the first accepted column's raw text is kept
+    assert prepare_data.extract({"problem": "Q ", "question": "Q", "answer": "1"}, "r") == ("Q ", "1")
 
 
 def test_ambiguous_and_invalid_inputs(prepare_data, tmp_path):
@@ -181,3 +228,89 @@ def test_hub_path_uses_datasets_load_dataset(prepare_data, tmp_path, monkeypatch
     prepare_data.prepare("olympiadbench", hub_id="two/splits", hub_split="b", output=str(tmp_path / "o.parquet"))
     assert calls[-1] == ("two/splits", None, "b")
     assert prepare_data.main(["all", "--source", "x.jsonl"]) == 2  # --source needs exactly one dataset
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Nothing is lost or silently mangled: bad answer types, bad encodings, interrupted writes, file modes
+# ----------------------------------------------------------------------------------------------------------------------
+BAD_VALUES = [  # (JSONL text of the answer, what the message must name)
+    ("NaN", "NaN"),
+    ("Infinity", "Infinity"),
+    ("-Infinity", "-Infinity"),
+    ("true", "bool"),
+    ('{"value": 3}', "dict"),
+    ('["1", false]', "bool"),
+]
+
+
+@pytest.mark.parametrize("answer, needle", BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
+def test_answers_that_are_not_text_or_finite_numbers_are_refused(prepare_data, tmp_path, capsys, answer, needle):
+    src = tmp_path / "odd.jsonl"
+    good, bad = '{"problem": "Compute 1+1.", "answer": "2"}', f'{{"problem": "Compute 2+2.", "answer": {answer}}}'
+    src.write_text(f"{good}\n{bad}\n")
+    out = tmp_path / "odd.parquet"
+    assert prepare_data.main(["aime-2025", "--source", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}: row 2: " in err and "'answer'" in err and needle in err, err
+    assert not out.exists()
+
+
+def test_question_that_is_not_text_is_refused(prepare_data, tmp_path):
+    src = tmp_path / "q.jsonl"
+    src.write_text('{"problem": {"text": "Compute 1+1."}, "answer": "2"}\n')
+    with pytest.raises(prepare_data.DataError, match=r"q\.jsonl: row 1: 'problem'.*dict"):
+        prepare_data.prepare("aime-2025", source=str(src), output=str(tmp_path / "q.parquet"))
+
+
+def test_non_utf8_input_is_a_message_naming_file_and_line(prepare_data, tmp_path, capsys):
+    src = tmp_path / "latin1.jsonl"
+    src.write_bytes(b'{"problem": "ok", "answer": "1"}\n{"problem": "caf\xe9", "answer": "2"}\n')
+    out = tmp_path / "x.parquet"
+    assert prepare_data.main(["aime-2025", "--source", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}: line 2: not valid UTF-8" in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o002, 0o664)])
+def test_output_mode_follows_the_umask(prepare_data, tmp_path, mask, mode):
+    src = write_jsonl(tmp_path / "aime.jsonl", AIME_ROWS)
+    old = os.umask(mask)
+    try:
+        prepare_data.prepare("aime-2025", source=str(src), output=str(tmp_path / "a.parquet"), repeat=1)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.parquet").stat().st_mode & 0o777 == mode
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_interrupted_write_leaves_no_temp_file_and_no_output(tmp_path, signum):
+    """A real signal while the parquet file is being written (the writer is slowed down in the child process)."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    src = write_jsonl(tmp_path / "aime.jsonl", AIME_ROWS)
+    out = tmp_path / "out" / "aime.parquet"
+    child = textwrap.dedent(
+        f"""
+        import sys, time
+        import pyarrow.parquet as pq
+        from rpg.tools import prepare_data
+
+        write_table = pq.write_table
+        def slow_write_table(table, where, **kwargs):
+            write_table(table, where, **kwargs)
+            print("written", flush=True)
+            time.sleep(60)
+        pq.write_table = slow_write_table
+        sys.exit(prepare_data.main(["aime-2025", "--source", {str(src)!r}, "--out", {str(out)!r}]))
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "written", proc.stderr.read()
+    proc.send_signal(getattr(signal, signum))
+    rc = proc.wait(timeout=60)
+    assert rc == {"SIGINT": 130, "SIGTERM": 143}[signum], proc.stderr.read()
+    assert list(out.parent.iterdir()) == []

@@ -1,4 +1,4 @@
-"""scripts/report.py: Last/Best table (values and steps hand-computed) and curve PNG from synthetic runs in
+"""rpg.tools.report: Last/Best table (values and steps hand-computed) and curve PNG from synthetic runs in
 every supported format: verl console log, verl file-logger JSONL, wandb offline run directory."""
 
 from __future__ import annotations
@@ -170,3 +170,110 @@ def test_bad_inputs(report, tmp_path, capsys):
         report.load_runs([str(tmp_path / "x.wandb")])
     with pytest.raises(SystemExit):
         report.main(["a.log", "--out", "o", "--k", "0"])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Bad inputs never cost the results of the good runs
+# ----------------------------------------------------------------------------------------------------------------------
+WRONG_TYPES = {  # JSONL file-logger lines that parse as JSON but are not a usable record
+    "data_list.jsonl": '{"step": 1, "data": [0.5]}\n',
+    "step_text.jsonl": '{"step": "one", "data": {"a": 1}}\n',
+    "step_null.jsonl": '{"step": null, "data": {"a": 1}}\n',
+    "step_fraction.jsonl": '{"step": 1.5, "data": {"a": 1}}\n',
+    "step_bool.jsonl": '{"step": true, "data": {"a": 1}}\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_TYPES))
+def test_wrong_record_types_name_the_file_and_line(report, tmp_path, name):
+    path = tmp_path / name
+    path.write_text('{"step": 0, "data": {"a": 0}}\n' + WRONG_TYPES[name])
+    with pytest.raises(report.ReportError, match=rf"{name}: line 2: "):
+        report.load_runs([str(path)])
+
+
+def test_values_of_the_wrong_type_are_skipped_not_fatal(report, tmp_path):
+    path = tmp_path / "values.jsonl"
+    huge = "9" * 400  # a JSON integer too large for a float
+    path.write_text(f'{{"step": 1, "data": {{"ok": 0.5, "text": "0.7", "list": [1], "dict": {{"a": 1}}, "null": null, '
+                    f'"huge": {huge}, "flag": true}}}}\n')  # fmt: skip
+    (run,) = report.load_runs([str(path)])
+    assert run.history == {1: {"ok": 0.5, "flag": 1.0}}
+
+
+def _truncated_wandb_run(runs_dir, tmp_path, cut):
+    """A copy of run C whose .wandb file is cut after ``cut(data)`` bytes."""
+    import shutil
+
+    copy = tmp_path / "c_truncated"
+    shutil.copytree(runs_dir / "c", copy, symlinks=True)
+    (log,) = {p.resolve() for p in copy.rglob("*.wandb")}  # wandb/latest-run links to the run folder
+    data = log.read_bytes()
+    log.write_bytes(data[: cut(data)])
+    return copy, log
+
+
+def _record_starts(data: bytes) -> list[int]:
+    """Byte offsets of the records of a small (one 32 KiB block) wandb log: 7-byte file header, then records of a
+    7-byte header (crc u32, length u16, type u8) and the payload."""
+    assert len(data) < 32 * 1024
+    starts, pos = [], 7
+    while pos + 7 <= len(data) and any(data[pos : pos + 7]):
+        starts.append(pos)
+        pos += 7 + struct.unpack_from("<H", data, pos + 4)[0]
+    return starts
+
+
+CUTS = {  # where a killed run may stop: inside a record header, inside a payload, one byte short of the end
+    "header": lambda d: _record_starts(d)[len(_record_starts(d)) // 2] + 3,
+    "payload": lambda d: _record_starts(d)[len(_record_starts(d)) // 2] + 7 + 1,
+    "last_byte": lambda d: len(d) - 1,
+}
+
+
+@pytest.mark.parametrize("where", sorted(CUTS))
+def test_truncated_wandb_file_keeps_its_complete_records(report, runs_dir, tmp_path, where):
+    """A run killed mid-write: the records before the cut are used, with a message naming the file."""
+    (full,) = report.load_runs([str(runs_dir / "c")])
+    copy, log = _truncated_wandb_run(runs_dir, tmp_path, CUTS[where])
+    problems: list[str] = []
+    (run,) = report.load_runs([str(copy)], problems=problems)
+    assert run.history and all(run.history[s] == full.history[s] for s in run.history)  # a prefix, nothing made up
+    assert len(problems) == 1 and problems[0].startswith(f"{log}: truncated at byte "), problems
+    with pytest.raises(report.ReportError, match="truncated"):  # without a problems list: an error
+        report.load_runs([str(copy)])
+
+
+def test_bad_runs_are_reported_and_the_good_ones_still_written(report, runs_dir, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "empty.jsonl").write_text("")
+    (bad / "empty.log").write_text("")
+    (bad / "empty.wandb").write_bytes(b"")
+    (bad / "types.jsonl").write_text('{"step": "one", "data": {"a": 1}}\n')
+    cut, cut_log = _truncated_wandb_run(runs_dir, tmp_path, lambda data: 40)  # nothing usable left
+    out = tmp_path / "report"
+    specs = [f"A={runs_dir / 'run_a.log'}", str(bad / "empty.jsonl"), str(bad / "empty.log"), str(bad / "empty.wandb"),
+             str(bad / "types.jsonl"), str(cut)]  # fmt: skip
+    assert report.main([*specs, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for path in (bad / "empty.jsonl", bad / "empty.log", bad / "empty.wandb", bad / "types.jsonl", cut_log):
+        assert f"report: skipped {path}: " in err, (path, err)
+    rows = list(csv.DictReader(open(out / "table.csv", encoding="utf-8")))
+    assert {r["run"] for r in rows} == {"A"} and sorted(os.listdir(out)) == ["curves.png", "table.csv", "table.md"]
+
+
+def test_no_usable_run_writes_nothing(report, tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("")
+    assert report.main([str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'empty.jsonl'}: no metric records" in err and "no usable run" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_non_utf8_jsonl_is_a_message(report, tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"step": 1, "data": {"caf\xe9": 1}}\n')
+    with pytest.raises(report.ReportError, match=r"latin1\.jsonl: line 1: not valid UTF-8"):
+        report.load_runs([str(path)])

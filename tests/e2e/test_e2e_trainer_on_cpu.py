@@ -12,7 +12,7 @@ and a checkpoint, then a second process resumes from that checkpoint and runs st
 * the checkpoint was written at step 2 and the second run resumed from it (its first logged step is 3).
 
 Cost: about 3-4 minutes on 2 cores (two trainer start-ups of ~40 s each), plus ~80 s once to build artifacts/tiny
-if it is missing (scripts/make_tiny_model.py, reused afterwards).
+if it is missing (rpg.tools.tiny_model, reused afterwards).
 """
 
 import math

@@ -205,7 +205,7 @@ def _periodic_step(worker, step: int, rank: int, world_size: int, reductions: li
     (pre-all-reduce) KL sums of this rank and what every rank checks after the step."""
     from verl.utils import tensordict_utils as tu
 
-    from rpg.reference import _engine_module
+    from rpg.reference.periodic import _engine_module
 
     tensors = chunk(padded_batch(_PERIODIC_BATCH, seed=100 + step), rank, world_size)
     td = to_td(tensors)
@@ -234,7 +234,7 @@ def _periodic_step(worker, step: int, rank: int, world_size: int, reductions: li
 
 
 def _record_reductions(reductions: list) -> None:
-    import rpg.reference as reference
+    import rpg.reference.periodic as reference
 
     if getattr(reference._all_reduce_sum, "_recording", False):
         reference._all_reduce_sum = reference._all_reduce_sum.__wrapped__
@@ -254,7 +254,7 @@ def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, 
                      refresh_kl: float, steps: int, save_at: Optional[int] = None) -> dict[str, Any]:  # fmt: skip
     """Train `steps` steps with a periodic reference (K = refresh_steps, κ = refresh_kl); checkpoint at `save_at`,
     then resume from it in a fresh worker and train the remaining steps. Returns what each rank observed."""
-    from rpg.reference import _engine_module
+    from rpg.reference.periodic import _engine_module
 
     reductions: list = []
     _record_reductions(reductions)

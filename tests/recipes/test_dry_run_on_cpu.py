@@ -182,12 +182,26 @@ def test_7b_values_match_spec_table(row, stub_optim_dir: str):
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (2048, 2048)
     assert actor.ppo_max_token_len_per_gpu == factor * 4096
     assert cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == factor * 4096
+    assert cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == factor * 4096
     assert [Path(f).name for f in cfg.data.val_files] == ["amc-2023.parquet", "aime-2024.parquet", "aime-2025.parquet"]
     assert (_is_schedulefree(script), optim) in ((True, "schedulefree"), (False, "adamw"))
     if optim == "adamw":
         assert (actor.optim.optimizer_impl, actor.optim.optimizer) == ("torch.optim", "AdamW")
     elif schedulefree_available():  # never silently AdamW
         assert (actor.optim.optimizer_impl, actor.optim.optimizer) != ("torch.optim", "AdamW")
+
+
+def test_7b_hard_clip_rf_script_token_budget_is_p_plus_r():
+    """The authors' run_rpg_7b_rkl1e-4_rf.sh sets all three dynamic-batch budgets (actor, rollout and ref
+    log-prob) to max_prompt_length + max_response_length; only their *_rf_clip_ppo* scripts use 4·(P+R)."""
+    cfg = validated(RECIPE / "7b" / "run_rpg_7b_rkl1e-4_rf.sh").config
+    p_plus_r = cfg.data.max_prompt_length + cfg.data.max_response_length
+    arr = cfg.actor_rollout_ref
+    budgets = (arr.actor.ppo_max_token_len_per_gpu, arr.rollout.log_prob_max_token_len_per_gpu,
+               arr.ref.log_prob_max_token_len_per_gpu)
+    assert budgets == (p_plus_r,) * 3 == (4096,) * 3
+    clip_ppo = validated(RECIPE / "7b" / "run_rpg_7b_rkl1e-4_rf_clip_ppo.sh").config.actor_rollout_ref
+    assert clip_ppo.actor.ppo_max_token_len_per_gpu == 4 * p_plus_r
 
 
 @pytest.mark.parametrize("stem", sorted(PAPER_4B))
@@ -222,7 +236,8 @@ def test_4b_ablations(name: str):
 
 
 def test_common_paper_hyperparameters():
-    """SPEC §7.5 / §9.2 settings shared by every script (checked on one; they come from one place, common.sh)."""
+    """SPEC §7.5 / §9.2 settings shared by every script (checked on one; they come from one place,
+    rpg/config/rpg_trainer.yaml, and common.sh for the context-dependent ones)."""
     v = validated(RECIPE / "4b" / "run_rpg_reinforce_urkl_8k.sh")
     cfg, actor, rollout = v.config, v.config.actor_rollout_ref.actor, v.config.actor_rollout_ref.rollout
     assert (cfg.data.train_batch_size, rollout.n, actor.ppo_mini_batch_size, actor.ppo_epochs) == (512, 16, 32, 1)
@@ -315,13 +330,20 @@ def test_shell_errors_are_clear(tmp_path: Path, env: dict, body: str, needle: st
 
 
 def test_order_of_overrides_and_plugin_env(tmp_path: Path):
-    """common < script (RPG_SCRIPT_OVERRIDES) < command line; the plugin is loaded by every process."""
-    body = 'preset_dapo\nRPG_SCRIPT_OVERRIDES=(trainer.test_freq=5)'
-    proc = run_script(_script(tmp_path, body), "trainer.test_freq=7", RPG_PRINT_ARGV="1",
+    """rpg_trainer.yaml < common.sh < script (RPG_SCRIPT_OVERRIDES) < command line; the plugin is loaded by every
+    process."""
+    from rpg.launch import compose_config
+
+    body = 'preset_dapo\nRPG_SCRIPT_OVERRIDES=(actor_rollout_ref.actor.optim.lr=2e-6 trainer.test_freq=5)'
+    proc = run_script(_script(tmp_path, body), "actor_rollout_ref.actor.optim.lr=3e-6", RPG_PRINT_ARGV="1",
                       VERL_USE_EXTERNAL_MODULES="rpg.cpu.platform")  # fmt: skip
     data = json.loads(proc.stdout)
-    freq = [a for a in data["argv"] if a.startswith("trainer.test_freq=")]
-    assert freq == ["trainer.test_freq=10", "trainer.test_freq=5", "trainer.test_freq=7"]
+    lr = [a.split("=")[1] for a in data["argv"] if a.startswith("actor_rollout_ref.actor.optim.lr=")]
+    assert lr == ["1e-6", "2e-6", "3e-6"]  # common.sh's LR, the script's, the command line's
+    assert not [a for a in data["argv"] if a.startswith("trainer.test_freq=10")]  # the yaml's value is not repeated
+    cfg = compose_config(data["argv"][3:])
+    assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.trainer.test_freq) == (3e-6, 5)
+    assert compose_config([]).trainer.test_freq == 10  # rpg_trainer.yaml
     assert data["env"]["VERL_USE_EXTERNAL_MODULES"] == "rpg.cpu.platform,rpg.verl_plugin"
     assert data["ray_address"] == ""
 

@@ -235,6 +235,19 @@ def test_plus_overrides_become_add_or_override():
     assert normalise_overrides(["+a.b=1", "++c=2", "d=3", "~e"]) == ["++a.b=1", "++c=2", "d=3", "~e"]
 
 
+def test_rpg_settings_work_with_or_without_plus():
+    """Recipes pass kl_coef/reference only when set, so a plain override must add the key (verl's keys stay strict)."""
+    pl = "actor_rollout_ref.actor.policy_loss."
+    given = [pl + "reference=frozen", pl + "kl_coef=1e-3", pl + "loss_mode=rpg_urkl", pl + "kl_coeff=1", "a.kl_coef=1"]
+    assert normalise_overrides(given) == ["++" + given[0], "++" + given[1], *given[2:]]
+    cfg = compose_config([*MINIMAL, pl + "reference=frozen", "actor_rollout_ref.actor.use_kl_loss=True"])
+    assert cfg.actor_rollout_ref.actor.policy_loss.reference == "frozen"
+    cfg = compose_config([o for o in MINIMAL if ".reference=" not in o] + [pl + "reference=periodic"])
+    assert cfg.actor_rollout_ref.actor.policy_loss.reference == "periodic"
+    with pytest.raises(Exception, match="kl_coeff"):
+        compose_config([*MINIMAL, pl + "kl_coeff=1"])
+
+
 @pytest.mark.parametrize("value, expected", [("", False), ("0", False), ("false", False), ("1", True), ("TRUE", True)])
 def test_dry_run_switch(value, expected):
     assert dry_run_requested({"RPG_DRY_RUN": value}) is expected
@@ -244,3 +257,26 @@ def test_dry_run_switch(value, expected):
 def test_dry_run_switch_rejects_garbage():
     with pytest.raises(RecipeConfigError, match="RPG_DRY_RUN='maybe' is not valid"):
         dry_run_requested({"RPG_DRY_RUN": "maybe"})
+
+
+# --------------------------------------------------------------------------------------------------------------
+def _keys(node, prefix=""):
+    return {k for key, value in node.items() for k in ([f"{prefix}{key}"] + (
+        sorted(_keys(value, f"{prefix}{key}.")) if isinstance(value, dict) else []))}  # fmt: skip
+
+
+def test_rpg_trainer_extends_verls_ppo_trainer():
+    """rpg/config/rpg_trainer.yaml = verl's own ppo_trainer (every key) + the recipes' shared settings; what the
+    recipes set from their knobs is left to them (the overlong buffer as `???`)."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        verl_cfg = OmegaConf.to_container(compose(config_name="ppo_trainer"))
+    cfg = compose_config([])
+    assert _keys(verl_cfg) <= _keys(OmegaConf.to_container(cfg))
+    assert (cfg.actor_rollout_ref.rollout.n, verl_cfg["actor_rollout_ref"]["rollout"]["n"]) == (16, 1)
+    assert cfg.reward.reward_manager.name == "dapo" and cfg.actor_rollout_ref.actor.clip_ratio_c == 10.0
+    buffer = cfg.reward.reward_kwargs.overlong_buffer_cfg
+    assert OmegaConf.is_missing(buffer, "enable") and OmegaConf.is_missing(buffer, "len")
+    overridden = compose_config(["data.max_response_length=1024"])
+    assert overridden.reward.reward_kwargs.max_resp_len == 1024  # one source: data.max_response_length

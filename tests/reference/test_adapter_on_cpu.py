@@ -1,8 +1,9 @@
-"""The ref_log_prob adapter (rpg/reference.py): through verl's real `ppo_loss`, and its installation. About 15 s.
+"""The ref_log_prob adapter (rpg/reference/adapter.py): through verl's real `ppo_loss`, and its installation. ~15 s.
 
 Inside a registered policy loss, `current_ref_log_prob()` must return the `ref_log_prob` verl shipped, padded like the
-loss's `log_prob`; it is None without a reference model and outside `ppo_loss`. `install()` must patch verl's modules
-whether they are imported before or after it, idempotently, keeping verl's `@register` dispatch metadata.
+loss's `log_prob`; it is None without a reference model and outside `ppo_loss`. `install()` of the adapter and of the
+periodic hooks must patch verl's modules idempotently, keeping verl's `@register` dispatch metadata (when they are
+installed at all is tests/test_scoped_patches_on_cpu.py).
 """
 
 import os
@@ -38,7 +39,7 @@ def probe():
         seen.append((log_prob.detach().clone(), reference.current_ref_log_prob()))
         return (log_prob * response_mask).sum() * 0.0, {}
 
-    reference.install()
+    reference.adapter.install()
     yield seen
     core_algos.POLICY_LOSS_REGISTRY.pop(PROBE, None)
 
@@ -114,9 +115,9 @@ def test_reset_even_when_the_loss_raises(probe):
 def test_kl_meter_matches_the_formula(probe):
     """The KL the periodic schedule measures inside ppo_loss: token mean of w·k3(π_ref/π_θ) (SPEC §5.3)."""
     td, flat_lp, ref, mask = make_data("padded")
-    reference._KL_METER.start()
+    reference.adapter.KL_METER.start()
     losses.ppo_loss(actor_config(True), {"log_probs": flat_lp}, td)
-    kl_sum, tokens = reference._KL_METER.stop()
+    kl_sum, tokens = reference.adapter.KL_METER.stop()
     lp = probe[0][0].double()
     old, r = td["old_log_probs"].double(), ref.double()
     per_token = torch.exp(lp - old) * (torch.exp(r - lp) - (r - lp) - 1)
@@ -130,33 +131,26 @@ def test_kl_meter_matches_the_formula(probe):
 _INSTALL_CHECK = textwrap.dedent(
     """
     import sys
-    import rpg.reference as r
+    from rpg.reference import adapter, periodic
     from verl.single_controller.base.decorator import MAGIC_ATTR
-    if {install_first}:
-        r.install(); r.install()
-        assert "verl.workers.engine_workers" not in sys.modules
+    adapter.install(); adapter.install(); periodic.install(); periodic.install()
     import verl.workers.engine_workers as ew
     import verl.workers.utils.losses as L
-    if not {install_first}:
-        r.install(); r.install()
-    mark = r._MARK
-    assert getattr(L.ppo_loss, mark) and ew.ppo_loss is L.ppo_loss, "ppo_loss not wrapped once in both modules"
-    assert not getattr(L.ppo_loss.__wrapped__, mark, False), "wrapped twice"
+    assert getattr(L.ppo_loss, adapter.MARK) and ew.ppo_loss is L.ppo_loss, "ppo_loss not wrapped once in both modules"
+    assert not getattr(L.ppo_loss.__wrapped__, adapter.MARK, False), "wrapped twice"
+    assert adapter.installed() and periodic.installed()
     cls = ew.ActorRolloutRefWorker
     for name in ("update_actor", "save_checkpoint", "load_checkpoint"):
         fn = cls.__dict__[name]
-        assert getattr(fn, mark) and not getattr(fn.__wrapped__, mark, False), name
+        assert getattr(fn, periodic.MARK) and not getattr(fn.__wrapped__, periodic.MARK, False), name
         assert getattr(fn, MAGIC_ATTR) == getattr(fn.__wrapped__, MAGIC_ATTR), name + " lost verl's dispatch info"
-    assert sum(isinstance(f, r._PostImportPatcher) for f in sys.meta_path) == 1
+    assert not [f for f in sys.meta_path if type(f).__module__.startswith("rpg")], sys.meta_path
     print("OK")
     """
 )
 
 
-@pytest.mark.parametrize("install_first", [True, False], ids=["before-import", "after-import"])
-def test_install_patches_verl_before_or_after_import(install_first):
-    env = dict(os.environ, VERL_USE_EXTERNAL_PLUGINS="none")  # isolate from the entry point (which installs too)
-    env.pop("VERL_USE_EXTERNAL_MODULES", None)
-    out = subprocess.run([sys.executable, "-c", _INSTALL_CHECK.format(install_first=install_first)], env=env,
-                         capture_output=True, text=True, timeout=240)
+def test_install_patches_verl_once_keeping_its_dispatch_metadata():
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
+    out = subprocess.run([sys.executable, "-c", _INSTALL_CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]

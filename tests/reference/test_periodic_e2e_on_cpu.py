@@ -12,7 +12,7 @@ verl's own metrics log:
   (k3 vs `ref_log_prob`) and our `actor/rpg/ref_kl` are ~0, while at step 2 (reference = initial model) they are not.
 
 Cost: about 1.5-2 minutes on 2 cores (one trainer start-up of ~40 s). Needs artifacts/tiny
-(scripts/make_tiny_model.py, built once, ~80 s, reused).
+(rpg.tools.tiny_model, built once, ~80 s, reused).
 """
 
 import pytest

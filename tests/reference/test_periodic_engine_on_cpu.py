@@ -1,4 +1,4 @@
-"""Periodic reference through verl's real fused worker (rpg/reference.py): refresh, metrics, checkpoint/resume.
+"""Periodic reference through verl's real fused worker (rpg/reference/): refresh, metrics, checkpoint/resume.
 
 verl's `ActorRolloutRefWorker` (role `actor_rollout_ref`: FSDP2 actor + reference engine in one process, fp32) is built
 in-process under the CPU platform (`rpg.cpu.platform`, rollout backend `hf`) with a tiny random Qwen2. Each training
@@ -26,11 +26,9 @@ def make_worker(tmp_path_factory):
     os.environ.setdefault("VERL_PLATFORM", "cpu")
     if os.environ["VERL_PLATFORM"] != "cpu":
         pytest.skip("VERL_PLATFORM is set to another platform")
-    from rpg import reference
     from rpg.cpu import platform as cpu_platform
 
-    cpu_platform.install()
-    reference.install()
+    cpu_platform.install()  # the periodic hooks are installed by the worker's own init_model (RPGPolicyLossConfig)
     import rpg.cpu.hf_rollout  # noqa: F401  (registers rollout.name=hf, needed by the fused worker's init_model)
 
     from tokenizers import Tokenizer, models
@@ -128,7 +126,7 @@ def train_step(worker, step):
 
 
 def params(worker, which):
-    from rpg.reference import _engine_module
+    from rpg.reference.periodic import _engine_module
 
     module = _engine_module(getattr(worker, which), which)
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()

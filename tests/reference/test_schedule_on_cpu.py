@@ -1,4 +1,4 @@
-"""The periodic-reference schedule (rpg/reference.py `RefreshSchedule`, SPEC §6.2): K, κ, EMA and resume. Pure, <1 s."""
+"""The periodic-reference schedule (rpg/reference/schedule.py `RefreshSchedule`, paper §5): K, κ, EMA, resume. <1 s."""
 
 import json
 

@@ -254,6 +254,8 @@ def test_checkpoint_holds_y_and_hf_export_holds_x(run):
     shards = torch.load(os.path.join(ckpt, "model_world_size_1_rank_0.pt"), weights_only=False)
     optim = torch.load(os.path.join(ckpt, "optim_world_size_1_rank_0.pt"), weights_only=False)
     assert all(g["train_mode"] for g in optim["param_groups"])
+    # the resume check reads the same fact from verl's real FSDP2 shard (DTensors) without loading it
+    assert sfm._saved_optimizer_is_schedule_free(os.path.join(ckpt, "optim_world_size_1_rank_0.pt")) is True
     y_saved = {k: sfm._local(v) for k, v in shards.items() if k in run["y2"]}
     assert _same(run["y2"], y_saved)
     hf = load_file(os.path.join(ckpt, "huggingface", "model.safetensors"))

@@ -1,9 +1,9 @@
 # shellcheck shell=bash
 # CPU profile of the RPG launcher (RPG_PROFILE=cpu): the real verl 0.9.1 trainer on a CPU-only machine with the
-# offline tiny model of scripts/make_tiny_model.py. Sourced by recipe/rpg/common.sh before its own defaults; it
+# offline tiny model of rpg.tools.tiny_model. Sourced by recipe/rpg/common.sh before its own defaults; it
 #   * exports the environment every Ray process inherits: the CPU platform + the "hf" rollout backend
 #     (rpg/cpu/platform.py, rpg/cpu/hf_rollout.py), one thread per process, no torch.compile, verl's file logger;
-#   * defaults MODEL_PATH / TRAIN_FILE / TEST_FILE to artifacts/tiny (build it first: scripts/make_tiny_model.py);
+#   * defaults MODEL_PATH / TRAIN_FILE / TEST_FILE to artifacts/tiny (build it first: python -m rpg.tools.tiny_model);
 #   * defines RPG_PROFILE_OVERRIDES, appended after common.sh's overrides (later overrides win), so a CPU script keeps
 #     the method of its GPU sibling and changes only sizes and the machine.
 #
@@ -42,7 +42,7 @@ export RAY_DEDUP_LOGS=${RAY_DEDUP_LOGS:-1}
 : "${TEST_FILE:=$TINY_DIR/val.parquet}"
 NNODES=1
 if [[ -z "${RPG_DRY_RUN:-}" && "${RPG_PRINT_ARGV:-0}" != 1 && ! -f "$MODEL_PATH/config.json" ]]; then
-  echo "[rpg] error: RPG_PROFILE=cpu: no model at $MODEL_PATH; build it with: .venv/bin/python scripts/make_tiny_model.py" >&2
+  echo "[rpg] error: RPG_PROFILE=cpu: no model at $MODEL_PATH; build it with: .venv/bin/python -m rpg.tools.tiny_model --out $TINY_DIR" >&2
   exit 2
 fi
 

@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Last/Best table and training curves (paper Tables 3-8, Figs. 4-6) from verl run logs.
 
 Usage::
 
-    python scripts/report.py RUN [RUN ...] --out DIR [--metric-prefix val-core] [--k auto|K]
+    rpg-report RUN [RUN ...] --out DIR [--metric-prefix val-core] [--k auto|K]   # or python -m rpg.tools.report
 
 Each RUN is ``PATH`` or ``NAME=PATH`` (the name labels the run; default: the wandb run name, else the
 file stem). Supported inputs (verl 0.9.1, ``trainer.logger=[...]``):
@@ -26,11 +25,16 @@ Outputs in ``--out`` (written atomically):
 * ``table.md`` / ``table.csv``: per run and data source, ``Last`` (value at the last evaluated step),
   ``Best`` (maximum over evaluations) and the step of the Best (earliest on ties) of
   ``<metric-prefix>/<source>/acc/mean@<k>``. ``--k auto`` takes the largest k present per source: with
-  the k-times repeated eval files of ``prepare_data.py`` verl 0.9.1 names the metric ``mean@1`` (its
+  the k-times repeated eval files of ``rpg.tools.prepare_data`` verl 0.9.1 names the metric ``mean@1`` (its
   value is the mean@k of the paper, SPEC §7.6); with ``val_kwargs.n=k`` it is ``mean@k``.
 * ``curves.png``: one panel per data source (accuracy), then reward (``critic/score/mean``, falling back
   to ``critic/rewards/mean``), entropy (``actor/entropy``) and response length
   (``response_length/mean``) against step, one line per run; 4 panels per row, 400x300 px each.
+
+Bad inputs never cost the good runs: an unreadable file (empty, not UTF-8, records of the wrong type) is skipped
+with a message naming it; a wandb file cut short (a killed run) keeps its complete records, with a message; metric
+values that are not numbers are ignored. Exit status: 0 all inputs read; 1 results written, but some inputs were
+skipped or incomplete (messages on stderr); 2 nothing usable or bad arguments (nothing written).
 """
 
 from __future__ import annotations
@@ -44,10 +48,11 @@ import os
 import re
 import struct
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rpg.atomic import atomic_write_bytes, sigterm_exits
 
 ACC_RE = re.compile(r"^(?P<prefix>.+)/(?P<source>[^/]+)/acc/mean@(?P<k>\d+)$")
 REWARD_METRICS = ("critic/score/mean", "critic/rewards/mean")
@@ -89,11 +94,19 @@ class Run:
 
 
 def _number(value: object) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
+    """A metric value as a float; None for anything else (text, lists, dicts, integers beyond float range)."""
+    if isinstance(value, (bool, int, float)):
+        try:
+            return float(value)
+        except OverflowError:
+            return None
     return None
+
+
+def _step(value: object, where: str) -> int:
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+        raise ReportError(f"{where}: step {value!r} is not an integer")
+    return int(value)
 
 
 # ----------------------------------------------------------------------------------------- readers
@@ -134,8 +147,13 @@ def read_console(path: Path) -> Iterator[tuple[int, dict[str, float]]]:
 
 def read_file_logger(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
     """``(step, metrics)`` from verl's ``FileLogger`` JSONL (``{"step": N, "data": {...}}`` per line)."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}: line {lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ReportError(f"{where}: not valid UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -144,10 +162,12 @@ def read_file_logger(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
             except json.JSONDecodeError:
                 if not line.endswith("\n"):  # last line of a run still being written
                     return
-                raise ReportError(f"{path}: line {lineno}: not valid JSON") from None
+                raise ReportError(f"{where}: not valid JSON") from None
             except (KeyError, TypeError):
-                raise ReportError(f"{path}: line {lineno}: not a verl file-logger record {{'step', 'data'}}") from None
-            yield int(step), data
+                raise ReportError(f"{where}: not a verl file-logger record {{'step', 'data'}}") from None
+            if not isinstance(data, dict):
+                raise ReportError(f"{where}: 'data' is a {type(data).__name__}; expected an object of metrics")
+            yield _step(step, where), data
 
 
 _WANDB_HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
@@ -155,43 +175,60 @@ _BLOCK = 32 * 1024
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
-def _wandb_records(path: Path) -> Iterator[bytes]:
+def _wandb_records(path: Path) -> tuple[list[bytes], str | None]:
     """Payloads of a ``.wandb`` transaction log: a 7-byte header, then LevelDB-log records
-    (``crc32c:u32 length:u16 type:u8 data``) in 32 KiB blocks, large records split FIRST/MIDDLE/LAST."""
+    (``crc32c:u32 length:u16 type:u8 data``) in 32 KiB blocks, large records split FIRST/MIDDLE/LAST.
+
+    Returns the complete records and, if the file ends inside a record (a run killed while writing), a message
+    saying where it was cut.
+    """
     data = path.read_bytes()
+    if not data:
+        raise ReportError(f"{path}: empty file")
     if not data.startswith(_WANDB_HEADER):
         raise ReportError(f"{path}: not a wandb transaction log (bad header {data[:7]!r})")
-    pos, pending = len(_WANDB_HEADER), b""
-    while pos + 7 <= len(data):
+    records, pos, pending = [], len(_WANDB_HEADER), None
+    while pos < len(data):
         room = _BLOCK - pos % _BLOCK
-        if room < 7:  # block trailer padding
+        if room < 7 or not any(data[pos : pos + min(room, 7)]):  # block trailer or zero padding (preallocated)
             pos += room
             continue
+        if pos + 7 > len(data):
+            return records, f"truncated at byte {len(data)}, inside the header of the record at byte {pos}"
         _crc, length, kind = struct.unpack_from("<IHB", data, pos)
-        if kind == 0 and length == 0:  # zero padding (preallocated / truncated tail)
-            pos += room
-            continue
-        chunk = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
+        end = pos + 7 + length
+        if end > len(data):
+            return records, f"truncated at byte {len(data)}, inside the record at byte {pos} ({7 + length} bytes)"
+        chunk, pos = data[pos + 7 : end], end
         if kind == _FULL:
-            yield chunk
+            records.append(chunk)
         elif kind == _FIRST:
             pending = chunk
-        elif kind == _MIDDLE:
+        elif kind in (_MIDDLE, _LAST) and pending is not None:
             pending += chunk
-        elif kind == _LAST:
-            yield pending + chunk
-            pending = b""
+            if kind == _LAST:
+                records.append(pending)
+                pending = None
+    if pending is not None:
+        return records, f"truncated at byte {len(data)}, inside a record split over blocks"
+    return records, None
 
 
-def read_wandb(path: Path) -> tuple[str | None, list[tuple[int, dict[str, object]]]]:
-    """``(run name, [(step, metrics)])`` from a wandb ``run-<id>.wandb`` file (history records)."""
+def read_wandb(path: Path) -> tuple[str | None, list[tuple[int, dict[str, object]]], str | None]:
+    """``(run name, [(step, metrics)], problem)`` from a wandb ``run-<id>.wandb`` file (history records); ``problem``
+    says where a truncated or corrupt file stops being readable (the records before it are returned)."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
+    payloads, problem = _wandb_records(path)
     name, rows = None, []
-    for payload in _wandb_records(path):
+    for index, payload in enumerate(payloads):
         record = pb.Record()
-        record.ParseFromString(payload)
+        try:
+            record.ParseFromString(payload)
+        except DecodeError:
+            problem = f"record {index + 1} cannot be decoded (corrupt file)"
+            break
         kind = record.WhichOneof("record_type")
         if kind == "run":
             name = record.run.display_name or record.run.run_id or name
@@ -203,9 +240,9 @@ def read_wandb(path: Path) -> tuple[str | None, list[tuple[int, dict[str, object
                     metrics[key] = json.loads(item.value_json)
                 except json.JSONDecodeError:
                     continue
-            step = metrics.pop("_step", record.history.step.num)
-            rows.append((int(step), {k: v for k, v in metrics.items() if not k.startswith("_")}))
-    return name, rows
+            step = _step(metrics.pop("_step", record.history.step.num), f"{path}: record {index + 1}")
+            rows.append((step, {k: v for k, v in metrics.items() if not k.startswith("_")}))
+    return name, rows, problem
 
 
 def _run_files(path: Path) -> list[Path]:
@@ -220,28 +257,57 @@ def _run_files(path: Path) -> list[Path]:
     raise ReportError(f"{path}: no .wandb, .jsonl, .log, .out or .txt file inside")
 
 
-def load_runs(specs: Iterable[str]) -> list[Run]:
-    """Runs from ``PATH`` / ``NAME=PATH`` arguments (see module docstring)."""
+def _load_file(file: Path, name: str | None, n_files: int) -> tuple[Run, str | None]:
+    """One run file as a ``Run`` plus a message if only part of it could be read; ``ReportError`` if none."""
+    problem = None
+    if file.suffix == ".wandb":
+        wandb_name, records, problem = read_wandb(file)
+        default_name = wandb_name or file.parent.name
+    elif file.suffix == ".jsonl":
+        records, default_name = read_file_logger(file), file.stem
+    else:
+        records, default_name = read_console(file), file.stem
+    run_name = name if name and n_files == 1 else (f"{name}/{default_name}" if name else default_name)
+    run = Run(run_name, str(file))
+    for step, metrics in records:
+        run.add(step, metrics)
+    if not run.history:
+        raise ReportError(f"{file}: no metric records found" + (f" ({problem})" if problem else ""))
+    if problem:
+        problem = f"{file}: {problem}; using the {len(run.history)} steps before it"
+    return run, problem
+
+
+def load_runs(specs: Iterable[str], problems: list[str] | None = None) -> list[Run]:
+    """Runs from ``PATH`` / ``NAME=PATH`` arguments (see module docstring).
+
+    Without ``problems`` the first unreadable or truncated file raises ``ReportError``. With a list, an unreadable
+    file is left out and a truncated one keeps its complete records; each gets one message naming the file there.
+    """
     runs = []
     for spec in specs:
         name, sep, path_text = spec.partition("=")
         if not sep or not name or os.path.exists(spec):
             name, path_text = None, spec
-        files = _run_files(Path(path_text))
+        try:
+            files = _run_files(Path(path_text))
+        except ReportError as e:
+            if problems is None:
+                raise
+            problems.append(f"skipped {e}")
+            continue
         for file in files:
-            if file.suffix == ".wandb":
-                wandb_name, records = read_wandb(file)
-                default_name = wandb_name or file.parent.name
-            elif file.suffix == ".jsonl":
-                records, default_name = read_file_logger(file), file.stem
-            else:
-                records, default_name = read_console(file), file.stem
-            run_name = name if name and len(files) == 1 else (f"{name}/{default_name}" if name else default_name)
-            run = Run(run_name, str(file))
-            for step, metrics in records:
-                run.add(step, metrics)
-            if not run.history:
-                raise ReportError(f"{file}: no metric records found")
+            try:
+                run, problem = _load_file(file, name, len(files))
+            except ReportError as e:
+                if problems is None:
+                    raise
+                problems.append(f"skipped {e}")
+                continue
+            if problem:
+                if problems is None:
+                    raise ReportError(problem)
+                problems.append(problem)
             runs.append(run)
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
@@ -386,31 +452,29 @@ def figure_png(runs: Sequence[Run], sources: Sequence[str], prefix: str = "val-c
 # ----------------------------------------------------------------------------------------- output
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write via a temp file in the same directory and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def report(
-    run_specs: Sequence[str], out: str | os.PathLike, prefix: str = "val-core", k: int | None = None
+    run_specs: Sequence[str],
+    out: str | os.PathLike,
+    prefix: str = "val-core",
+    k: int | None = None,
+    problems: list[str] | None = None,
 ) -> dict[str, Path]:
-    """Read runs, write ``table.md``, ``table.csv``, ``curves.png`` into ``out``; returns the paths."""
-    runs = load_runs(run_specs)
+    """Read runs, write ``table.md``, ``table.csv``, ``curves.png`` into ``out``; returns the paths.
+
+    ``problems``: as in ``load_runs`` (unreadable inputs are reported there and the others still written).
+    """
+    runs = load_runs(run_specs, problems)
+    if not runs:
+        raise ReportError("no usable run in the inputs; nothing written")
     sources, table = build_table(runs, prefix, k)
-    out = Path(out)
-    paths = {"table.md": out / "table.md", "table.csv": out / "table.csv", "curves.png": out / "curves.png"}
-    write_atomic(paths["table.md"], table_markdown(sources, table))
-    write_atomic(paths["table.csv"], table_csv(sources, table))
-    write_atomic(paths["curves.png"], figure_png(runs, sources, prefix, k))
+    outputs = {
+        "table.md": table_markdown(sources, table).encode("utf-8"),
+        "table.csv": table_csv(sources, table).encode("utf-8"),
+        "curves.png": figure_png(runs, sources, prefix, k),
+    }
+    paths = {name: Path(out) / name for name in outputs}
+    for name, data in outputs.items():
+        atomic_write_bytes(paths[name], data)
     return paths
 
 
@@ -428,6 +492,7 @@ def _k(text: str) -> int | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="rpg-report",
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -440,13 +505,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--k", type=_k, default=None, metavar="auto|K", help="mean@K to report (default auto: largest present)"
     )
     args = parser.parse_args(argv)
+    problems: list[str] = []
     try:
-        paths = report(args.runs, args.out, args.metric_prefix, args.k)
+        with sigterm_exits():  # SIGTERM, like Ctrl-C, leaves no temporary file behind
+            paths = report(args.runs, args.out, args.metric_prefix, args.k, problems)
     except ReportError as e:
-        print(f"report: error: {e}", file=sys.stderr)
+        print("".join(f"report: {p}\n" for p in problems) + f"report: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("report: interrupted; nothing partial was written", file=sys.stderr)
+        return 130
     sys.stdout.write(paths["table.md"].read_text(encoding="utf-8"))
     print("report: wrote " + ", ".join(str(p) for p in paths.values()))
+    if problems:
+        print("".join(f"report: {p}\n" for p in problems), end="", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Build the offline tiny model and toy task for CPU runs of the real verl trainer (demo, e2e test).
 
 Everything is made locally, nothing is downloaded (design and measurements: shared notes tiny-model.md):
@@ -21,7 +20,8 @@ Everything is made locally, nothing is downloaded (design and measurements: shar
   RLHF schema with ``data_source="math_dapo"`` and ``reward_model.ground_truth``, so the default reward path
   (verl's math_dapo scorer, DAPO reward manager, ``algorithm.filter_groups``) is exercised unchanged.
 
-Output layout (``--out``, default ``artifacts/tiny``)::
+Run it as ``rpg-tiny-model`` or ``python -m rpg.tools.tiny_model``. Output layout (``--out``, default
+``artifacts/tiny`` in the working directory)::
 
     model/            HF model + tokenizer (actor_rollout_ref.model.path)
     train.parquet     data.train_files
@@ -29,8 +29,10 @@ Output layout (``--out``, default ``artifacts/tiny``)::
     build.json        the build settings and the SFT evaluation log
 
 Idempotent: if ``build.json`` exists with the same settings, nothing is done (``--force`` rebuilds). The whole
-folder is built in a temporary sibling and moved into place with ``os.replace``. Deterministic under ``--seed``
-(one torch thread).
+folder is built in a temporary sibling and moved into place with ``os.replace`` (Ctrl-C and SIGTERM remove it).
+``--out`` may be new, an empty folder, or an earlier build of this tool: ``build.json`` lists every file the tool
+wrote, and a folder holding anything else is refused, never deleted. Deterministic under ``--seed`` (one torch
+thread).
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ import json
 import os
 import random
 import re
+import secrets
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from rpg.atomic import atomic_write_json, sigterm_exits
 
 INSTRUCTION = "The last line of your response should be of the form Answer: $Answer"
 CHAT_TEMPLATE = (
@@ -206,7 +210,7 @@ def warm_up(model, tok, args, log) -> dict:
         sampled = evaluate(model, tok, held, do_sample=True, seed=args.seed + 1234)
         entry = dict(step=step, loss=round(loss.item(), 4), sampled_acc=sampled, seconds=round(time.time() - t_start, 1))
         evals.append(entry)
-        log(f"[make_tiny_model] step {step}: loss {entry['loss']:.3f}, sampled held-out accuracy {sampled:.1%}")
+        log(f"[tiny_model] step {step}: loss {entry['loss']:.3f}, sampled held-out accuracy {sampled:.1%}")
         dist = max(lo - sampled, sampled - hi, 0.0)
         if dist < best_dist:
             best, best_dist = entry, dist
@@ -218,7 +222,7 @@ def warm_up(model, tok, args, log) -> dict:
     model.load_state_dict(best_state)
     best = dict(best, greedy_acc=evaluate(model, tok, held, do_sample=False, seed=0))
     if best_dist > 0:
-        log(f"[make_tiny_model] WARNING: sampled accuracy never reached [{lo:.0%}, {hi:.0%}]; using step "
+        log(f"[tiny_model] WARNING: sampled accuracy never reached [{lo:.0%}, {hi:.0%}]; using step "
             f"{best['step']} ({best['sampled_acc']:.1%})")
     return {"selected": best, "evals": evals}
 
@@ -262,32 +266,83 @@ def is_built(out: Path, wanted: dict) -> bool:
         return False
 
 
+class OutError(ValueError):
+    """``--out`` is something the tool may not replace."""
+
+
+def _tree(folder: Path) -> set[str]:
+    """Every entry below ``folder`` (files, folders, links) as a relative POSIX path."""
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")}
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` the tool may not replace: it must be absent, an empty folder, or a folder holding exactly
+    files of an earlier build (listed in its ``build.json``). Nothing the tool did not write is ever deleted."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise OutError(f"--out {out} is not a folder; choose a new or empty folder")
+    entries = _tree(out) if out.exists() else set()
+    if not entries:
+        return
+    try:
+        files = json.loads((out / "build.json").read_text(encoding="utf-8"))["files"]
+        own = {"build.json", *files} | {parent.as_posix() for f in files for parent in Path(f).parents} - {"."}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise OutError(f"--out {out} is a folder not created by rpg-tiny-model (no build.json listing its files; "
+                       "builds of earlier versions do not list them); refusing to replace it: choose a new or empty "
+                       "folder, or remove it yourself") from None
+    foreign = sorted(entries - own)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutError(f"--out {out} holds files not created by rpg-tiny-model ({shown}); refusing to replace it: "
+                       "move them away or choose another folder")
+
+
+def _sibling_dir(out: Path, tag: str) -> Path:
+    """A new hidden folder next to ``out`` (created like any folder, so its mode follows the umask)."""
+    while True:
+        path = out.with_name(f".{out.name}.{tag}{secrets.token_hex(4)}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
 def build(args, log=print) -> dict:
-    """Build into a temporary sibling of ``args.out`` and move it into place; returns the manifest."""
+    """Build into a temporary sibling of ``args.out`` and move it into place; returns the manifest.
+
+    Raises ``OutError`` (before any work, and again before the swap) if ``--out`` holds anything the tool did not
+    write; an earlier build of the tool is replaced only when it holds nothing else.
+    """
     import torch
 
     torch.set_num_threads(1)
-    out = Path(args.out).resolve()
+    out = Path(args.out).absolute()
+    check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = _sibling_dir(out, "")
     try:
         t0 = time.time()
         tok = build_tokenizer(args.seed)
         model = build_model(tok, args.layers, args.hidden, args.seed)
         n_params = sum(p.numel() for p in model.parameters())
-        log(f"[make_tiny_model] tokenizer: {len(tok)} tokens; model: {n_params} parameters; SFT warm-up ...")
+        log(f"[tiny_model] tokenizer: {len(tok)} tokens; model: {n_params} parameters; SFT warm-up ...")
         sft = warm_up(model, tok, args, log) if args.max_steps > 0 else {"selected": None, "evals": []}
         model.save_pretrained(tmp / "model")
         tok.save_pretrained(tmp / "model")
         write_data(tmp, args.n_train)
+        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         manifest = dict(settings=settings(args), params=n_params, vocab=len(tok), sft=sft,
-                        build_seconds=round(time.time() - t0, 1))
-        (tmp / "build.json").write_text(json.dumps(manifest, indent=1))
+                        build_seconds=round(time.time() - t0, 1), files=files)
+        atomic_write_json(tmp / "build.json", manifest, indent=1)  # written last: marks a complete build
+        check_out(out)  # the build took minutes: look again right before the swap
         if out.exists():
-            stale = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            stale = _sibling_dir(out, "old.")
             os.replace(out, stale / "x")
+            os.replace(tmp, out)
             shutil.rmtree(stale, ignore_errors=True)
-        os.replace(tmp, out)
+        else:
+            os.replace(tmp, out)
         return manifest
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -304,10 +359,10 @@ def parse_args(argv=None):
             raise argparse.ArgumentTypeError(f"--target needs 0 <= LO <= HI <= 1, got {text!r}")
         return lo, hi
 
-    root = Path(__file__).resolve().parents[1]
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Layout and details: see the module "
-                                 "docstring.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--out", default=str(root / "artifacts" / "tiny"), help="output folder")
+    ap = argparse.ArgumentParser(prog="rpg-tiny-model", description=__doc__.split("\n\n")[0],
+                                 epilog="Layout and details: see the module docstring.",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--out", default="artifacts/tiny", help="output folder")
     ap.add_argument("--seed", type=int, default=0, help="seed for tokenizer corpus, model init and SFT data")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=128)
@@ -326,13 +381,18 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     if not args.force and is_built(out, settings(args)):
-        print(f"[make_tiny_model] up to date: {out}")
+        print(f"[tiny_model] up to date: {out}")
         return 0
-    manifest = build(args)
+    try:
+        with sigterm_exits():  # SIGTERM removes the temporary build folder like Ctrl-C does
+            manifest = build(args)
+    except OutError as e:
+        print(f"[tiny_model] error: {e}", file=sys.stderr)
+        return 2
     sel = manifest["sft"]["selected"]
     summary = (f"step {sel['step']}, sampled {sel['sampled_acc']:.1%}, greedy {sel['greedy_acc']:.1%}"
                if sel else "no SFT")
-    print(f"[make_tiny_model] wrote {out} in {manifest['build_seconds']} s ({summary})")
+    print(f"[tiny_model] wrote {out} in {manifest['build_seconds']} s ({summary})")
     return 0
 
 

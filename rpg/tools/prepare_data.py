@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Build the RPG training and evaluation parquet files in verl's RL schema (SPEC §7.2, §12).
 
 Every output row is ::
@@ -30,34 +29,43 @@ override the defaults) or a local file (``--source PATH``, ``.parquet`` or ``.js
 If several accepted columns are present they must agree (else the row is ambiguous and rejected). A
 ``solution`` column is never used as the answer (it is a worked solution). Answers are strings; integers
 are written without a decimal point, one-element lists are unwrapped, longer lists joined with ", ", and
-one pair of enclosing ``$...$`` is removed. Questions are stripped of surrounding whitespace.
+one pair of enclosing ``$...$`` is removed; answers are stripped of surrounding whitespace. Questions are kept
+byte for byte, as the authors' files keep them (a problem that ends in a space keeps it in its prompt and so in its
+tokens); only comparisons (de-duplication, agreeing columns, questions with several answers) ignore surrounding
+whitespace, and the first row's raw text is the one written. Values that are neither text nor finite numbers (NaN,
+infinities, booleans, dicts) are refused, never written as their spelling.
 
 English filter (training sets): a row is non-English iff its question contains a CJK character
 (CJK punctuation/ideographs, kana, Hangul, full-width forms; see ``CJK_RE``). This is a heuristic that
 targets DAPO-Math-17k's Chinese prompts.
 
-A malformed row stops the run with the file, the 1-based row number and the missing field; nothing is
-written. Outputs are written atomically (temp file + os.replace) and are byte-identical on rerun.
+A malformed row (or a line that is not UTF-8) stops the run with the file, the 1-based row number and the field;
+nothing is written. Outputs are written atomically (``rpg.atomic``: complete or absent, no temporary file left by
+errors, Ctrl-C or SIGTERM; mode from the umask) and are byte-identical on rerun.
 
 Examples::
 
-    python scripts/prepare_data.py all                       # everything from the hub into data/
-    python scripts/prepare_data.py aime-2025 --source my_aime25.jsonl --repeat 32
-    python scripts/prepare_data.py dapo-math-17k              # unfiltered DAPO: dedup + English filter
+    rpg-prepare-data all                  # everything from the hub into data/
+    rpg-prepare-data aime-2025 --source my_aime25.jsonl --repeat 32
+    rpg-prepare-data dapo-math-17k        # unfiltered DAPO: dedup + English filter
+
+(``rpg-prepare-data`` is the console script of ``python -m rpg.tools.prepare_data``.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rpg.atomic import atomic_path, sigterm_exits
 
 #: Prompt template, byte-exact (SPEC §7.3 / §12.2). ``$Answer`` is literal text.
 PRE = (
@@ -143,13 +151,22 @@ def read_local(path: str | os.PathLike) -> list[dict[str, Any]]:
         raise DataError(f"{path}: no such file")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{path}: not a readable parquet file ({e})") from None
     if suffix in (".jsonl", ".json"):
         rows = []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}: line {lineno}: not valid UTF-8 (byte {e.start + 1}); convert the file "
+                                    "to UTF-8") from None
                 if not line.strip():
                     continue
                 try:
@@ -180,21 +197,40 @@ def read_hub(hub_id: str, config: str | None = None, split: str | None = None) -
 # row normalisation
 
 
-def _text(value: Any) -> str | None:
-    """A column value as a non-empty string, or None if missing/empty."""
+_NOT_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _text(value: Any, where: str, field: str, raw: bool = False) -> str | None:
+    """A column value as a string, or None if missing or only whitespace. ``raw``: the text exactly as given
+    (questions); else stripped of surrounding whitespace (answers).
+
+    Text and finite numbers (and lists of them) only: NaN, infinities, booleans, dicts and other objects would be
+    written as their Python spelling ("nan", "True", "{...}"), so they stop the run naming ``where`` and ``field``.
+    """
     if value is None:
         return None
+    if isinstance(value, (list, tuple)):
+        parts = [t for t in (_text(v, where, field) for v in value) if t]
+        return ", ".join(parts) or None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(f"{where}: {field!r} is {_NOT_FINITE[repr(value)]}; expected text or a finite number")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise DataError(f"{where}: {field!r} is a {type(value).__name__} ({value!r:.80}); expected text or a number")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, (list, tuple)):
-        parts = [t for t in (_text(v) for v in value) if t]
-        value = ", ".join(parts)
-    text = str(value).strip()
-    return text or None
+    text = str(value)
+    if not text.strip():
+        return None
+    return text if raw else text.strip()
 
 
-def _answer_text(value: Any) -> str | None:
-    text = _text(value)
+def _same(text: str) -> str:
+    """The comparison key of a question: equal keys are the same problem (surrounding whitespace ignored)."""
+    return text.strip()
+
+
+def _answer_text(value: Any, where: str, field: str) -> str | None:
+    text = _text(value, where, field)
     if text and len(text) >= 2 and text.startswith("$") and text.endswith("$") and text.count("$") == 2:
         text = text[1:-1].strip() or None
     return text
@@ -206,40 +242,40 @@ def _strip_template(content: str) -> str:
     return content
 
 
-def _question_candidates(row: dict[str, Any]) -> dict[str, str]:
+def _question_candidates(row: dict[str, Any], where: str) -> dict[str, str]:
     found = {}
     for col in QUESTION_COLUMNS:
         value = row.get(col)
         if col == "prompt" and isinstance(value, (list, tuple)):  # verl chat format
             users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
             value = _strip_template(users[-1]) if users and isinstance(users[-1], str) else None
-        text = _text(value)
+        text = _text(value, where, col, raw=True)
         if text:
             found[col] = text
     return found
 
 
-def _answer_candidates(row: dict[str, Any]) -> dict[str, str]:
-    found = {col: t for col in ANSWER_COLUMNS if (t := _answer_text(row.get(col)))}
+def _answer_candidates(row: dict[str, Any], where: str) -> dict[str, str]:
+    found = {col: t for col in ANSWER_COLUMNS if (t := _answer_text(row.get(col), where, col))}
     reward_model = row.get("reward_model")
-    if isinstance(reward_model, dict) and (t := _answer_text(reward_model.get("ground_truth"))):
-        found["reward_model.ground_truth"] = t
+    truth = "reward_model.ground_truth"
+    if isinstance(reward_model, dict) and (t := _answer_text(reward_model.get("ground_truth"), where, truth)):
+        found[truth] = t
     return found
 
 
 def _pick(found: dict[str, str], field: str, accepted: Sequence[str], where: str) -> str:
     if not found:
         raise DataError(f"{where}: missing field {field!r} (accepted columns: {', '.join(accepted)})")
-    values = set(found.values())
-    if len(values) > 1:
+    if len({_same(v) for v in found.values()}) > 1:
         raise DataError(f"{where}: ambiguous {field!r}: columns {sorted(found)} disagree; keep only one")
-    return values.pop()
+    return next(iter(found.values()))  # the first accepted column, as given
 
 
 def extract(row: dict[str, Any], where: str) -> tuple[str, str]:
     """``(question, answer)`` of one input row; ``where`` (e.g. ``"f.jsonl: row 3"``) prefixes errors."""
-    question = _pick(_question_candidates(row), "problem", QUESTION_COLUMNS, where)
-    answer = _pick(_answer_candidates(row), "answer", (*ANSWER_COLUMNS, "reward_model.ground_truth"), where)
+    question = _pick(_question_candidates(row, where), "problem", QUESTION_COLUMNS, where)
+    answer = _pick(_answer_candidates(row, where), "answer", (*ANSWER_COLUMNS, "reward_model.ground_truth"), where)
     return question, answer
 
 
@@ -299,11 +335,12 @@ def build_rows(
         if english_only and not is_english(question):
             summary.non_english += 1
             continue
-        if (question, answer) in seen:
+        key = (_same(question), answer)
+        if key in seen:
             summary.duplicates += 1
             continue
-        seen.add((question, answer))
-        answers_by_question.setdefault(question, set()).add(answer)
+        seen.add(key)
+        answers_by_question.setdefault(key[0], set()).add(answer)
         pairs.append((question, answer))
     summary.unique = len(pairs)
     summary.conflicting_answers = sum(len(a) > 1 for a in answers_by_question.values())
@@ -316,24 +353,15 @@ def build_rows(
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
-    """Write rows atomically (temp file in the target directory, then ``os.replace``)."""
+    """Write rows atomically (``rpg.atomic.atomic_path``: no partial file, no temp file left on errors)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if not rows:
         raise DataError(f"{path}: nothing to write (0 rows after filtering)")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def check_data_source(data_source: str) -> None:
@@ -396,6 +424,7 @@ def prepare(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="rpg-prepare-data",
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -421,22 +450,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--source": args.source, "--hub-id": args.hub_id, "--out": args.out, "--data-source": args.data_source
     }
     try:
-        for flag, value in single_only.items():
-            if value is not None and len(names) != 1:
-                raise DataError(f"{flag} needs exactly one dataset, got {names}")
-        for name in names:
-            output = args.out
-            if output is None and args.out_dir is not None and name in DATASETS:
-                output = str(Path(args.out_dir) / Path(DATASETS[name].output).name)
-            summary = prepare(
-                name, source=args.source, hub_id=args.hub_id, hub_config=args.hub_config, hub_split=args.hub_split,
-                output=output, data_source=args.data_source, repeat=args.repeat,
-                english_only={"auto": None, "on": True, "off": False}[args.english_filter],
-            )
-            print(summary.line())
+        with sigterm_exits():  # SIGTERM, like Ctrl-C, leaves no temporary file behind
+            for flag, value in single_only.items():
+                if value is not None and len(names) != 1:
+                    raise DataError(f"{flag} needs exactly one dataset, got {names}")
+            for name in names:
+                output = args.out
+                if output is None and args.out_dir is not None and name in DATASETS:
+                    output = str(Path(args.out_dir) / Path(DATASETS[name].output).name)
+                summary = prepare(
+                    name, source=args.source, hub_id=args.hub_id, hub_config=args.hub_config, hub_split=args.hub_split,
+                    output=output, data_source=args.data_source, repeat=args.repeat,
+                    english_only={"auto": None, "on": True, "off": False}[args.english_filter],
+                )
+                print(summary.line())
     except DataError as e:
         print(f"prepare_data: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("prepare_data: interrupted; nothing partial was written", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -1,0 +1,253 @@
+"""The plugin patches verl only where a run asks for it, and only a verl it was written for (rpg/compat.py,
+rpg/reference/).
+
+Fresh processes: after `import verl` and importing verl's worker and trainer modules, verl's `ppo_loss` and
+`ActorRolloutRefWorker.update_actor/save_checkpoint/load_checkpoint` are verl's own objects and no rpg import hook is
+on `sys.meta_path`, while every RPG name is registered. Building an `RPGPolicyLossConfig` installs exactly what its
+settings need. A fake verl version or a changed signature makes that fail before anything is patched, with a message
+naming both. About 40 s (four fresh processes importing verl).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rpg import compat
+
+PRELUDE = textwrap.dedent(
+    """
+    import json, sys
+    import verl
+    import verl.workers.engine_workers as ew
+    import verl.workers.utils.losses as losses
+    import verl.trainer.main_ppo, verl.trainer.ppo.core_algos, verl.trainer.ppo.v1  # noqa: F401
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+
+    METHODS = ("update_actor", "save_checkpoint", "load_checkpoint")
+
+    VERL_DIR = verl.__file__.rsplit("/", 1)[0] + "/"
+
+    def verls_own(fn, path):
+        # fn and every function it wraps (verl's own decorators) are code from verl's files, the innermost `path`
+        chain = [fn]
+        while hasattr(chain[-1], "__wrapped__"):
+            chain.append(chain[-1].__wrapped__)
+        return (all(f.__code__.co_filename.startswith(VERL_DIR) for f in chain)
+                and chain[-1].__code__.co_filename.endswith(path))
+
+    def state():
+        cls = ew.ActorRolloutRefWorker
+        return {
+            "ppo_loss": verls_own(losses.ppo_loss, "verl/workers/utils/losses.py") and ew.ppo_loss is losses.ppo_loss,
+            "worker": all(verls_own(cls.__dict__[m], "verl/workers/engine_workers.py") for m in METHODS),
+        }
+    """
+)
+
+SCOPE = PRELUDE + textwrap.dedent(
+    """
+    from rpg.config import RPGPolicyLossConfig
+    from rpg.losses import LOSSES
+
+    out = {"import": state(),
+           "finders": [f"{type(f).__module__}.{type(f).__qualname__}" for f in sys.meta_path],
+           "registered": sorted(n for n in LOSSES if n in POLICY_LOSS_REGISTRY),
+           "estimators": sorted(n for n in ("rpg", "rpg_batchmean") if n in ADV_ESTIMATOR_REGISTRY)}
+    for name, kwargs in json.loads(sys.argv[1]):
+        RPGPolicyLossConfig(**kwargs)
+        out[name] = state()
+    print(json.dumps(out))
+    """
+)
+
+ORIGINAL = {"ppo_loss": True, "worker": True}
+ADAPTER = {"ppo_loss": False, "worker": True}
+BOTH = {"ppo_loss": False, "worker": False}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM",
+                                                            "VERL_ENGINE_DEVICE")}  # fmt: skip
+    return env
+
+
+def _run(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def _json(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "steps, expected",
+    [
+        ([("iterative", {"loss_mode": "rpg_reinforce_urkl"}),
+          ("grpo_wk3", {"loss_mode": "grpo_wk3"}),
+          ("periodic", {"loss_mode": "rpg_ufkl", "reference": "periodic", "ref_refresh_steps": 4})],
+         {"iterative": ORIGINAL, "grpo_wk3": ADAPTER, "periodic": BOTH}),
+        ([("frozen", {"loss_mode": "rpg_reinforce_hardclip_rkl", "reference": "frozen"})], {"frozen": ADAPTER}),
+    ],
+    ids=["iterative-grpo_wk3-periodic", "frozen"],
+)  # fmt: skip
+def test_import_verl_patches_nothing_and_each_setting_installs_what_it_needs(steps, expected):
+    out = _json(_run(SCOPE, json.dumps(steps)))
+    assert out["import"] == ORIGINAL  # verl's own objects after importing verl, its workers and its trainers
+    assert not [f for f in out["finders"] if f.startswith("rpg")], out["finders"]
+    from rpg.losses import LOSSES
+
+    assert out["registered"] == sorted(LOSSES) and out["estimators"] == ["rpg", "rpg_batchmean"]
+    assert {name: out[name] for name in expected} == expected
+
+
+GUARD = PRELUDE + textwrap.dedent(
+    """
+    import importlib.metadata
+    exec(sys.argv[2])  # the sabotage: a fake verl version or a changed signature
+    from rpg.config import RPGPolicyLossConfig
+    try:
+        RPGPolicyLossConfig(**json.loads(sys.argv[1]))
+        error = None
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    print(json.dumps({"error": error, "state": state(), "registered": "rpg_urkl" in POLICY_LOSS_REGISTRY}))
+    """
+)
+
+FAKE_VERSION = """
+_real_version = importlib.metadata.version
+importlib.metadata.version = lambda p: "0.10.0" if p == "verl" else _real_version(p)
+"""
+
+CHANGED_PPO_LOSS = """
+_orig = losses.ppo_loss
+def ppo_loss(config, model_output, data, dp_group=None, loss_scale=1.0):
+    return _orig(config, model_output, data, dp_group)
+ppo_loss.__module__, ppo_loss.__qualname__ = _orig.__module__, _orig.__qualname__
+losses.ppo_loss = ew.ppo_loss = ppo_loss
+"""
+
+CHANGED_UPDATE_ACTOR = """
+_orig = ew.ActorRolloutRefWorker.__dict__["update_actor"]
+def update_actor(self, data, timing=None):
+    return _orig(self, data)
+update_actor.__module__, update_actor.__qualname__ = _orig.__module__, _orig.__qualname__
+ew.ActorRolloutRefWorker.update_actor = update_actor
+"""
+
+
+@pytest.mark.parametrize(
+    "sabotage, settings, needles",
+    [
+        (FAKE_VERSION, {"loss_mode": "rpg_urkl", "reference": "frozen"},
+         ["verl 0.10.0", "verl>=0.9.1,<0.10", "ref_log_prob adapter"]),
+        (CHANGED_PPO_LOSS, {"loss_mode": "grpo_wk3"},
+         ["verl.workers.utils.losses.ppo_loss('config', 'model_output', 'data', 'dp_group')",
+          "verl.workers.utils.losses.ppo_loss('config', 'model_output', 'data', 'dp_group', 'loss_scale')",
+          "verl 0.9.1", "ref_log_prob adapter"]),
+        (CHANGED_UPDATE_ACTOR, {"loss_mode": "rpg_urkl", "reference": "periodic", "ref_refresh_kl": 0.1},
+         ["ActorRolloutRefWorker.update_actor('self', 'data')", "ActorRolloutRefWorker.update_actor('self', 'data', "
+          "'timing')", "verl 0.9.1", "periodic-reference hooks"]),
+    ],
+    ids=["verl-version", "ppo_loss-signature", "update_actor-signature"],
+)  # fmt: skip
+def test_unsupported_verl_fails_at_start_up_naming_both_and_patches_nothing(sabotage, settings, needles):
+    out = _json(_run(GUARD, json.dumps(settings), sabotage))
+    assert out["error"] and out["error"].startswith("RuntimeError"), out
+    for needle in needles:
+        assert needle in out["error"], (needle, out["error"])
+    assert out["state"]["ppo_loss"] or sabotage is CHANGED_PPO_LOSS  # the adapter was not installed
+    assert out["state"] == {"ppo_loss": sabotage is not CHANGED_PPO_LOSS, "worker": sabotage is not
+                            CHANGED_UPDATE_ACTOR}  # nothing patched (the sabotaged object is not verl's file) fmt: skip
+    assert out["registered"]  # registration needs no patch and works on any verl
+
+
+# ---- rpg.compat ---------------------------------------------------------------------------------------------------
+def test_require_version_returns_the_installed_version_or_names_everything():
+    assert compat.require_version("verl", compat.SUPPORTED_VERL, "x") == compat.installed_version("verl")
+    with pytest.raises(RuntimeError) as info:
+        compat.require_version("verl", ">=9.0", "the frobnicator patch")
+    assert all(s in str(info.value) for s in ("verl>=9.0", f"verl {compat.installed_version('verl')}",
+                                              "the frobnicator patch"))  # fmt: skip
+    with pytest.raises(RuntimeError, match="not installed"):
+        compat.require_version("surely-not-a-package-rpg", ">=1", "x")
+
+
+def test_require_signature_names_function_expected_actual_and_patch():
+    def target(a, b=1, *, c=2):
+        return a
+
+    compat.require_signature(target, ("a", "b", "c"), "x")
+    with pytest.raises(RuntimeError) as info:
+        compat.require_signature(target, ("a", "b"), "the frobnicator patch")
+    message = str(info.value)
+    qualname = f"{__name__}.{target.__qualname__}"
+    assert f"{qualname}('a', 'b')" in message and f"{qualname}('a', 'b', 'c')" in message
+    assert "the frobnicator patch" in message
+
+
+# ---- failing clearly where the adapter is needed but absent -----------------------------------------------------------
+UNPICKLED_LOSS = textwrap.dedent(
+    """
+    import pickle, sys, torch
+    import verl
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+    cfg = pickle.loads(bytes.fromhex(sys.argv[1]))  # built elsewhere: its __post_init__ did not run in this process
+    old = -torch.rand(2, 3)
+    try:
+        POLICY_LOSS_REGISTRY["rpg_urkl"](old, old + 0.1, torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool),
+                                         "token-mean", cfg, None)
+        print("no error")
+    except RuntimeError as e:
+        print(e)
+    """
+)
+
+
+def test_the_loss_names_a_missing_adapter():
+    import pickle
+
+    from verl.workers.config import ActorConfig
+
+    from rpg.config import RPGPolicyLossConfig
+
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2,
+                      policy_loss=RPGPolicyLossConfig(loss_mode="rpg_urkl", reference="frozen"))  # fmt: skip
+    proc = _run(UNPICKLED_LOSS, pickle.dumps(cfg).hex())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    message = proc.stdout.strip().splitlines()[-1]
+    assert "ref_log_prob adapter around verl's ppo_loss" in message and "not installed in this process" in message
+    assert "rpg.reference.install(settings)" in message
+
+
+LAUNCHER = textwrap.dedent(
+    """
+    import importlib.metadata
+    _real = importlib.metadata.version
+    importlib.metadata.version = lambda p: "0.10.0" if p == "verl" else _real(p)
+    from rpg.launch import RecipeConfigError, compose_config, validate_rpg
+    config = compose_config(["actor_rollout_ref.rollout.name=vllm", "algorithm.adv_estimator=rpg",
+        "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=grpo_wk3",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0"])
+    try:
+        validate_rpg(config)
+        print("no error")
+    except RecipeConfigError as e:
+        print(str(e).replace(chr(10), " "))
+    """
+)
+
+
+def test_the_launcher_refuses_an_unsupported_verl_before_ray():
+    proc = _run(LAUNCHER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    message = proc.stdout.strip().splitlines()[-1]
+    assert "verl 0.10.0" in message and "verl>=0.9.1,<0.10" in message and "ref_log_prob adapter" in message
