@@ -4,7 +4,7 @@ Two spawned ranks (tests/ranks/rank_pool.py) build verl's real fused `ActorRollo
 reference, fp32) and train like verl's trainer: per training step each rank gets its half of an 8-sequence batch,
 computes π_old and π_ref, and updates with 2 mini-batches (2 optimizer steps) of 2 micro-batches each.
 
-Periodic reference (rpg/reference.py), RPG-REINFORCE-URKL against the reference:
+Periodic reference (rpg/reference/periodic.py), RPG-REINFORCE-URKL against the reference:
 * by K (K = 3 optimizer steps): refreshes at the end of training steps 2, 4, 6 on *both* ranks; after a refresh each
   rank's own reference shards equal its actor shards bit for bit and verl's reference forward gives the actor's
   log-probs; the KL the schedule sees is the all-reduced token mean (Σ KL / Σ tokens over both ranks), identical on

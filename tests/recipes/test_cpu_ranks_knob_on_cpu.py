@@ -41,7 +41,6 @@ def test_cpu_ranks_sets_the_machine_and_per_rank_sizes(ranks):
     assert cfg["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == str(16 // n)
     assert cfg["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] == str(32 // n)
     assert cfg["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] == str(32 // n)
-    assert cfg["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "1"  # one rollout replica per rank
 
 
 def test_two_ranks_compose_and_validate():
@@ -49,6 +48,7 @@ def test_two_ranks_compose_and_validate():
 
     validated = compose_and_validate(argv(CPU_RANKS="2")[3:])
     assert validated.config.trainer.n_gpus_per_node == 2
+    assert validated.config.actor_rollout_ref.rollout.tensor_model_parallel_size == 1  # one rollout replica per rank
 
 
 def test_with_a_ray_cluster_the_cluster_provides_the_resources():
