@@ -6,6 +6,7 @@ Used by the end-to-end tests of the trainer, the periodic reference and schedule
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -70,3 +71,23 @@ def run_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "ru
 def training_steps(records: list[dict]) -> dict[int, dict]:
     """step -> metrics of the training steps (records that carry actor/pg_loss)."""
     return {r["step"]: r["data"] for r in records if "actor/pg_loss" in r["data"]}
+
+
+def check_steps(records: list[dict], console: str, steps: list[int]) -> dict[int, dict]:
+    """The run logged exactly `steps`: one JSON line each in the metrics file, one `step:N - ...` console line each
+    (verl's console logger, the line `rpg.cpu.progress` turns into a progress line), and every RPG metric
+    (`actor/rpg/*`) and `actor/pg_loss` finite. Returns step -> metrics."""
+    from rpg.cpu.progress import parse_step
+
+    train = training_steps(records)
+    logged = sorted(r["step"] for r in records if "actor/pg_loss" in r["data"])
+    assert logged == steps, f"metrics file: training steps {logged}, expected {steps}"
+    printed = sorted(p[0] for p in map(parse_step, console.splitlines()) if p is not None and p[0] > 0)
+    assert printed == steps, f"console: step lines {printed}, expected one per step {steps}"
+    for step, data in train.items():
+        rpg = {k: v for k, v in data.items() if k.startswith("actor/rpg/")}
+        assert rpg, f"step {step}: no actor/rpg/* metrics"
+        bad = {k: v for k, v in {**rpg, "actor/pg_loss": data["actor/pg_loss"]}.items()
+               if not (isinstance(v, (int, float)) and math.isfinite(v))}  # fmt: skip
+        assert not bad, f"step {step}: non-finite metrics {bad}"
+    return train

@@ -290,6 +290,9 @@ available yet ($optim_dir/schedulefree.sh is missing); refusing to run AdamW in 
   # rpg-<experiment>-<UTC time>-<random>; Ray refuses an id that the cluster already has).
   local follow=${RPG_RAY_FOLLOW:-1}
   [[ "$follow" == 0 || "$follow" == 1 ]] || rpg_die "RPG_RAY_FOLLOW='$follow' is not valid; choose one of: 0 1"
+  command -v ray > /dev/null || rpg_die "RAY_ADDRESS='$RAY_ADDRESS' submits with Ray's CLI, but \`ray\` is not on \
+PATH; activate the environment where rpg-verl is installed (e.g. source .venv/bin/activate), or unset RAY_ADDRESS to \
+run locally"
   local job_id=${RPG_RAY_JOB_ID:-rpg-${exp_name//[^A-Za-z0-9_.-]/_}-$(date -u +%Y%m%d-%H%M%S)-$RANDOM}
   local env_json="" n
   for n in "${env_names[@]}" ${RPG_JOB_ENV[@]+"${RPG_JOB_ENV[@]}"}; do

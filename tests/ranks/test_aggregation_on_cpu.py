@@ -43,8 +43,9 @@ PROMPT_W, RESPONSE_W, VOCAB, DIM = 4, 9, 7, 5
 
 
 def config(loss_mode: str, agg: str) -> ActorConfig:
-    # kl_coef large enough that the KL term matters; (0.2, 0.28, c=3) so every dual-clip branch occurs
-    policy_loss = RPGPolicyLossConfig(loss_mode=loss_mode, kl_coef=0.2)
+    # kl_coef large enough that the KL term matters (RPG losses only: verl's own refuse it); (0.2, 0.28, c=3) so every
+    # dual-clip branch occurs
+    policy_loss = RPGPolicyLossConfig(loss_mode=loss_mode, **({"kl_coef": 0.2} if loss_mode.startswith("rpg") else {}))
     return ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=2, clip_ratio_low=0.2,
                        clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=agg, policy_loss=policy_loss)  # fmt: skip
 

@@ -1,7 +1,9 @@
 """CPU_RANKS=2 end to end: verl 0.9.1's trainer with 2 FSDP2 ranks on CPU (gloo) through the project's launcher.
 
 `recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` with `CPU_RANKS=2` (2 actor ranks, 2 rollout replicas) and 2
-micro-batches per rank (`ppo_micro_batch_size_per_gpu` = half a rank's share):
+micro-batches per rank (`ppo_micro_batch_size_per_gpu` = half a rank's share). Every run logs exactly its steps: one
+line each in the JSON-lines metrics file and on the console, every `actor/rpg/*` metric finite
+(`cpu_trainer.check_steps`).
 
 * periodic reference + checkpoint → resume: K = 2 optimizer steps, one mini-batch per step, checkpoint and
   validation at step 2, then a second process resumes and runs step 3. The refresh at step 2 sets the reference to
@@ -25,7 +27,7 @@ from collections import defaultdict
 
 import pytest
 import torch
-from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
+from cpu_trainer import check_steps, ensure_tiny_model, run_cpu_recipe
 
 SIZES = dict(CPU_RANKS="2", CPU_BATCH="4", CPU_N="4", CPU_SEED="0")  # 16 sequences per step, 8 per rank
 
@@ -46,8 +48,8 @@ def test_periodic_reference_checkpoint_and_resume_on_two_ranks(tiny_dir, tmp_pat
     ]
     first, text = run_cpu_recipe(tmp_path, "periodic_2r", [*overrides, "trainer.resume_mode=disable"],
                                  timeout_s=900, CPU_STEPS="2", CPU_TEST_FREQ="2", **SIZES)  # fmt: skip
-    train = training_steps(first)
-    assert sorted(train) == [1, 2]
+    train = check_steps(first, text, [1, 2])
+    assert any(k.startswith("val-core/") for k in train[2]), "no validation at step 2"
     assert [train[s]["actor/rpg/ref_refreshed"] for s in (1, 2)] == [0, 1]
     assert train[2]["actor/kl_loss"] > 1e-6 and train[2]["actor/rpg/ref_kl"] > 1e-6  # reference = initial model
     assert "[rpg.reference] reference <- policy at training step 2" in text
@@ -55,11 +57,9 @@ def test_periodic_reference_checkpoint_and_resume_on_two_ranks(tiny_dir, tmp_pat
     assert {f"model_world_size_2_rank_{r}.pt" for r in (0, 1)} <= {p.name for p in ckpt.iterdir()}
     assert (ckpt / "rpg_reference" / "ref_model").is_dir()
 
-    second, _ = run_cpu_recipe(tmp_path, "periodic_2r_resumed", [*overrides, "trainer.resume_mode=auto"],
+    second, text = run_cpu_recipe(tmp_path, "periodic_2r_resumed", [*overrides, "trainer.resume_mode=auto"],
                                timeout_s=900, CPU_STEPS="3", CPU_TEST_FREQ="2", **SIZES)  # fmt: skip
-    step3 = training_steps(second)
-    assert sorted(step3) == [3]
-    s3 = step3[3]
+    s3 = check_steps(second, text, [3])[3]
     assert s3["actor/rpg/ref_refresh_count"] == 1 and s3["actor/rpg/ref_refreshed"] == 0, s3
     # the resumed reference is the step-2 policy on both ranks: zero KL on the on-policy step 3
     assert abs(s3["actor/kl_loss"]) < 1e-6 and abs(s3["actor/rpg/ref_kl"]) < 1e-6, s3
@@ -75,8 +75,7 @@ def test_schedule_free_with_the_iterative_kl_on_two_ranks(tiny_dir, tmp_path):
                                    CPU_STEPS="2", CPU_MINI_BATCH="2", CPU_TEST_FREQ="2",
                                    RAY_DEDUP_LOGS="0",  # Ray would merge the two replicas' similar log lines
                                    **SIZES)  # fmt: skip
-    train = training_steps(records)
-    assert sorted(train) == [1, 2]
+    train = check_steps(records, text, [1, 2])
     for step, data in train.items():
         assert abs(data["training/rollout_probs_diff_mean"]) < 1e-4, (step, data["training/rollout_probs_diff_mean"])
         assert data["actor/rpg/kl"] > 0, (step, "the RPG KL to π_old was never active")

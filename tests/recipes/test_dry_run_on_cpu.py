@@ -410,6 +410,13 @@ def test_ray_submission_of_a_cpu_recipe_carries_the_cpu_environment(tmp_path: Pa
     assert "trainer.n_gpus_per_node=2" in argv and not [a for a in argv if "ray_init.num_" in a]
 
 
+def test_ray_address_without_the_ray_cli_is_refused():
+    path = ":".join(d for d in os.environ["PATH"].split(":") if d and not os.access(os.path.join(d, "ray"), os.X_OK))
+    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", RAY_ADDRESS="http://head:8265", PATH=path)
+    assert proc.returncode == 2 and "`ray` is not on PATH" in proc.stderr, proc.stderr
+    assert "RAY_ADDRESS='http://head:8265'" in proc.stderr and "activate the environment" in proc.stderr
+
+
 def test_bad_ray_follow_setting_is_refused(tmp_path: Path):
     _fake_executable(tmp_path, "ray")
     env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"),
