@@ -16,6 +16,8 @@
 #   several one per line (TEST_FILE="$(ls /data/val/*.parquet)"), or a Hydra list as verl's own scripts write it
 #   (TEST_FILE="['/data/a b.parquet','/data/c.parquet']"); a value starting with `[` is read as such a list.
 #   RAY_ADDRESS   submit to this Ray cluster (`ray job submit --working-dir <repo>`); unset: run locally
+#   RPG_JOB_ENV   with RAY_ADDRESS: names of more environment variables to pass to the job, space-separated
+#                 (e.g. RPG_JOB_ENV="HF_HOME WANDB_API_KEY"); RPG_RAY_FOLLOW=0 returns right after the submission
 #   RPG_DRY_RUN=1 compose + validate the full config, print it as YAML and exit (no Ray, a few seconds)
 #   RPG_PROFILE   gpu (default: the paper's setup) | cpu (sources recipe/rpg/cpu/profile.sh: tiny CPU run)
 #   OPTIM         adamw (default) | schedulefree (sources recipe/rpg/optim/schedulefree.sh)
@@ -40,7 +42,7 @@ rpg_die() { echo "[rpg] error: $*" >&2; exit 2; }
 # ---------------------------------------------------------------------------------------------------------------
 : "${RPG_PROFILE:=gpu}"
 case "$RPG_PROFILE" in
-  gpu) RPG_PROFILE_OVERRIDES=() ;;
+  gpu) RPG_PROFILE_OVERRIDES=(); RPG_PROFILE_JOB_ENV=() ;;
   cpu)
     [[ -f "$RPG_RECIPE_DIR/cpu/profile.sh" ]] || rpg_die "RPG_PROFILE=cpu needs $RPG_RECIPE_DIR/cpu/profile.sh (not found)"
     # shellcheck source=/dev/null
@@ -283,7 +285,8 @@ available yet ($optim_dir/schedulefree.sh is missing); refusing to run AdamW in 
   fi
   # ---- Ray cluster (RAY_ADDRESS): the same command as a Ray job ------------------------------------------------------
   # Uploads the repo (without virtualenvs, data and outputs) as the working directory and the `rpg` package to every
-  # node; forwards env_names plus the profile's RPG_JOB_ENV (the CPU profile's platform settings). Prints the
+  # node; forwards env_names, the profile's RPG_PROFILE_JOB_ENV (the CPU profile's platform settings) and the user's
+  # RPG_JOB_ENV (space-separated names; those unset here are skipped). Prints the
   # submission id and the commands to follow, query and stop the job, then, by default, follows it: the logs stream
   # here and the exit code is the job's (`ray job submit` exits 1 if the job FAILED; Ctrl-C stops following, not the
   # job). RPG_RAY_FOLLOW=0 returns right after the submission. RPG_RAY_JOB_ID sets the submission id (default
@@ -295,7 +298,13 @@ PATH; activate the environment where rpg-verl is installed (e.g. source .venv/bi
 run locally"
   local job_id=${RPG_RAY_JOB_ID:-rpg-${exp_name//[^A-Za-z0-9_.-]/_}-$(date -u +%Y%m%d-%H%M%S)-$RANDOM}
   local env_json="" n
-  for n in "${env_names[@]}" ${RPG_JOB_ENV[@]+"${RPG_JOB_ENV[@]}"}; do
+  local -a user_env=()
+  read -ra user_env <<< "${RPG_JOB_ENV:-}"
+  for n in "${user_env[@]}"; do
+    [[ "$n" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || rpg_die "RPG_JOB_ENV='$RPG_JOB_ENV': '$n' is not an environment \
+variable name; give names separated by spaces (e.g. RPG_JOB_ENV=\"HF_HOME WANDB_API_KEY\")"
+  done
+  for n in "${env_names[@]}" "${RPG_PROFILE_JOB_ENV[@]}" "${user_env[@]}"; do
     if [[ -n "${!n+x}" ]]; then
       env_json+="${env_json:+, }$(_rpg_json_str "$n"): $(_rpg_json_str "${!n}")"
     fi

@@ -398,7 +398,8 @@ def test_ray_submission_of_a_cpu_recipe_carries_the_cpu_environment(tmp_path: Pa
     out = tmp_path / "out.json"
     _fake_executable(tmp_path, "ray")
     env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(out), "PATH": f"{tmp_path}:{os.environ['PATH']}",
-           "RPG_RAY_FOLLOW": "0", "RPG_RAY_JOB_ID": "my-run-1", "CPU_RANKS": "2"}
+           "RPG_RAY_FOLLOW": "0", "RPG_RAY_JOB_ID": "my-run-1", "CPU_RANKS": "2",
+           "RPG_JOB_ENV": " MY_CACHE  MY_UNSET_VAR", "MY_CACHE": "/shared/cache dir"}
     proc = run_script(RECIPE / "cpu" / "run_rpg_reinforce_urkl.sh", **env)
     assert proc.returncode == 0, proc.stderr
     argv = json.loads(out.read_text())["argv"]
@@ -407,6 +408,7 @@ def test_ray_submission_of_a_cpu_recipe_carries_the_cpu_environment(tmp_path: Pa
     env_vars = json.loads(opts[opts.index("--runtime-env-json") + 1])["env_vars"]
     assert env_vars["VERL_PLATFORM"] == "cpu" and env_vars["VERL_ENGINE_DEVICE"] == "cuda"
     assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "rpg.cpu.platform,rpg.cpu.hf_rollout,rpg.verl_plugin"
+    assert env_vars["MY_CACHE"] == "/shared/cache dir" and "MY_UNSET_VAR" not in env_vars  # the user's RPG_JOB_ENV
     assert "trainer.n_gpus_per_node=2" in argv and not [a for a in argv if "ray_init.num_" in a]
 
 
@@ -415,6 +417,15 @@ def test_ray_address_without_the_ray_cli_is_refused():
     proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", RAY_ADDRESS="http://head:8265", PATH=path)
     assert proc.returncode == 2 and "`ray` is not on PATH" in proc.stderr, proc.stderr
     assert "RAY_ADDRESS='http://head:8265'" in proc.stderr and "activate the environment" in proc.stderr
+
+
+def test_bad_job_env_name_is_refused(tmp_path: Path):
+    _fake_executable(tmp_path, "ray")
+    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"),
+           "PATH": f"{tmp_path}:{os.environ['PATH']}", "RPG_JOB_ENV": "HF_HOME WANDB-KEY"}
+    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", **env)
+    assert proc.returncode == 2 and "'WANDB-KEY' is not an environment variable name" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_bad_ray_follow_setting_is_refused(tmp_path: Path):

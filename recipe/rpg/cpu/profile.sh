@@ -6,6 +6,7 @@
 #   * defaults MODEL_PATH / TRAIN_FILE / TEST_FILE to artifacts/tiny (build it first: python -m rpg.tools.tiny_model);
 #   * defines RPG_PROFILE_OVERRIDES, appended after common.sh's overrides (later overrides win), so a CPU script keeps
 #     the method of its GPU sibling and changes only sizes and the machine.
+#   * defines RPG_PROFILE_JOB_ENV, the names of the variables above that a Ray cluster job (RAY_ADDRESS) must receive.
 #
 # Size knobs (environment, all optional):
 #   CPU_STEPS=40 training steps    CPU_BATCH=16 prompts/step    CPU_N=8 responses/prompt    CPU_LR=1e-4
@@ -55,7 +56,7 @@ fi
 # talking over gloo: the CPU analogue of N_GPUS (trainer.n_gpus_per_node; verl's resource pool asks Ray for N "GPU"
 # bundles). Ray: a local run starts its own Ray with 16 logical CPUs and N fake GPUs (ray_init.num_cpus/num_gpus);
 # with RAY_ADDRESS the cluster provides them (ray start --head --num-cpus=16 --num-gpus=N; Ray refuses ray_init
-# resources when it joins a cluster) and the job gets this profile's environment (RPG_JOB_ENV, forwarded by common.sh).
+# resources when it joins a cluster) and the job gets this profile's environment (RPG_PROFILE_JOB_ENV, forwarded by common.sh).
 # Each rank gets 1/N of every batch: verl requires the global mini-batch
 # (CPU_MINI_BATCH × CPU_N sequences) and the batch (CPU_BATCH × CPU_N) to split evenly; the per-rank micro-batch is
 # the rank's whole share (one micro-batch per rank and mini-batch; override
@@ -83,8 +84,8 @@ _rpg_cpu_rank_overrides=(
 if [[ -z "${RAY_ADDRESS:-}" ]]; then
   _rpg_cpu_rank_overrides+=(ray_kwargs.ray_init.num_cpus=16 "+ray_kwargs.ray_init.num_gpus=$CPU_RANKS")
 fi
-RPG_JOB_ENV=(VERL_PLATFORM VERL_ENGINE_DEVICE TORCH_COMPILE_DISABLE TORCHINDUCTOR_DISABLE OMP_NUM_THREADS
-             MKL_NUM_THREADS TOKENIZERS_PARALLELISM VERL_FILE_LOGGER_ROOT VERL_FILE_LOGGER_PATH RAY_DEDUP_LOGS)
+RPG_PROFILE_JOB_ENV=(VERL_PLATFORM VERL_ENGINE_DEVICE TORCH_COMPILE_DISABLE TORCHINDUCTOR_DISABLE OMP_NUM_THREADS
+                     MKL_NUM_THREADS TOKENIZERS_PARALLELISM VERL_FILE_LOGGER_ROOT VERL_FILE_LOGGER_PATH RAY_DEDUP_LOGS)
 unset _rpg_cpu_v
 # ---- CPU_RANKS and the Ray resources (end) ---------------------------------------------------------------------------
 
