@@ -5,7 +5,8 @@ ports (GCS, dashboard/job API, client server, node/object managers, agents, metr
 project's virtualenv the way a user starts a head node (`.venv/bin` first on PATH, so the job's `python3` and Ray's
 workers are the environment with rpg-verl installed). Stopping it never touches another Ray: it terminates the
 `ray start` process and every process descended from it (GCS, raylet, dashboard, the job supervisor and the job's own
-processes), found by pid, SIGTERM then SIGKILL. `ray stop` is never used (it kills every Ray on the machine).
+processes), found by pid, plus any process with this head's temp dir on its command line; SIGTERM, then SIGKILL.
+`ray stop` is never used (it kills every Ray on the machine).
 """
 
 from __future__ import annotations
@@ -82,14 +83,22 @@ class LocalRayHead:
                            f"{self.start_log[-3000:]}")
 
     def processes(self) -> list[psutil.Process]:
-        """The `ray start` process and all its descendants."""
+        """The `ray start` process, all its descendants, and any process of this head's session that left the tree
+        (found by this head's own temp dir on its command line)."""
+        procs: dict[int, psutil.Process] = {}
         try:
             root = psutil.Process(self.proc.pid)
-            return [root, *root.children(recursive=True)]
+            procs.update((p.pid, p) for p in [root, *root.children(recursive=True)])
         except psutil.NoSuchProcess:
-            return []
+            pass
+        for p in psutil.process_iter(["cmdline"]):
+            if p.pid not in procs and self.temp_dir in " ".join(p.info["cmdline"] or []):
+                procs[p.pid] = p
+        return list(procs.values())
 
-    def stop(self) -> None:
+    def stop(self) -> list[psutil.Process]:
+        """Terminate this head's processes (SIGTERM, then SIGKILL after 20 s); remove its temp dir. Returns the
+        processes still alive afterwards (none expected)."""
         procs = self.processes()
         for p in procs:
             try:
@@ -102,8 +111,10 @@ class LocalRayHead:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(alive, timeout=10)
-        self.log.close()
-        with open(self.log.name, errors="replace") as f:
-            self.start_log = f.read()
+        _, survivors = psutil.wait_procs(alive, timeout=10)
+        if not self.log.closed:
+            self.log.close()
+            with open(self.log.name, errors="replace") as f:
+                self.start_log = f.read()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return survivors

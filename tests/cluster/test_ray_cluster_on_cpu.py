@@ -37,8 +37,11 @@ def head():
     from local_ray_head import LocalRayHead
 
     h = LocalRayHead(num_cpus=16, num_gpus=1)
-    yield h
-    h.stop()
+    try:
+        yield h
+    finally:
+        survivors = h.stop()
+    assert not survivors, f"processes of the test's Ray head survived SIGKILL: {survivors}"
 
 
 def submit(tmp: Path, name: str, head, overrides: list[str]) -> tuple[int | str, str, str]:
