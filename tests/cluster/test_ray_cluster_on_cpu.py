@@ -79,4 +79,5 @@ def test_failing_job_is_reported_as_failed(head, tmp_path):
     assert "failed" in status.lower(), status
     logs = subprocess.run([RAY, "job", "logs", "--address", head.address, job_id], capture_output=True, text=True,
                           timeout=60).stdout  # fmt: skip
-    assert "ppo_epochs" in logs and "ppo_epochs" in text, logs[-3000:]
+    error = "actor_rollout_ref.actor.ppo_epochs='banana' has type str; expected int"  # rpg.launch, inside the job
+    assert error in logs and error in text, logs[-3000:]
