@@ -56,12 +56,12 @@ fi
 # talking over gloo: the CPU analogue of N_GPUS (trainer.n_gpus_per_node; verl's resource pool asks Ray for N "GPU"
 # bundles). Ray: a local run starts its own Ray with 16 logical CPUs and N fake GPUs (ray_init.num_cpus/num_gpus);
 # with RAY_ADDRESS the cluster provides them (ray start --head --num-cpus=16 --num-gpus=N; Ray refuses ray_init
-# resources when it joins a cluster) and the job gets this profile's environment (RPG_PROFILE_JOB_ENV, forwarded by common.sh).
-# Each rank gets 1/N of every batch: verl requires the global mini-batch
-# (CPU_MINI_BATCH × CPU_N sequences) and the batch (CPU_BATCH × CPU_N) to split evenly; the per-rank micro-batch is
-# the rank's whole share (one micro-batch per rank and mini-batch; override
-# actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu for more). Only the training side is sized here: the rollout
-# keeps tensor_model_parallel_size=1, so verl starts one rollout replica (server) per rank whatever the backend.
+# resources when it joins a cluster) and the job gets this profile's environment (RPG_PROFILE_JOB_ENV, forwarded by
+# common.sh). Each rank gets 1/N of every batch: verl requires the global mini-batch (CPU_MINI_BATCH × CPU_N
+# sequences) and the batch (CPU_BATCH × CPU_N) to split evenly; the per-rank micro-batch is the rank's whole share
+# (one micro-batch per rank and mini-batch; override actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu for more).
+# Only the training side is sized here: the rollout keeps tensor_model_parallel_size=1, so verl starts one rollout
+# replica (server) per rank whatever the backend.
 : "${CPU_RANKS:=1}"
 [[ "$CPU_RANKS" =~ ^[1-9][0-9]*$ ]] || rpg_die "CPU_RANKS='$CPU_RANKS' is not valid: give a whole number of ranks ≥ 1 \
 (e.g. CPU_RANKS=2)"
