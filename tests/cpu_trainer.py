@@ -6,6 +6,7 @@ Used by the end-to-end tests of the trainer, the periodic reference and schedule
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -25,17 +26,19 @@ def ensure_tiny_model() -> Path:
     return TINY
 
 
-def run_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "run_rpg_reinforce_urkl.sh",
-                   timeout_s: int = 600, **env: str) -> tuple[list[dict], str]:  # fmt: skip
-    """Run `recipe/rpg/cpu/<script>` in its own process group; return (file-logger records, console text).
+def start_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "run_rpg_reinforce_urkl.sh",
+                     timeout_s: int = 600, **env: str | None) -> tuple[int | str, str]:  # fmt: skip
+    """Run `recipe/rpg/cpu/<script>` in its own process group; return (exit code or "timeout", console text).
 
-    `env` sets the CPU profile knobs (CPU_STEPS, CPU_BATCH, ...); the metrics go to <tmp>/<name>.jsonl and the
-    console to <tmp>/<name>.console.log. Fails with the console tail if the trainer does not exit 0 in time.
+    `env` sets the CPU profile knobs (CPU_STEPS, CPU_BATCH, ...); a value None removes the variable (e.g.
+    PYTHON=None for the launcher's own default). The metrics go to <tmp>/<name>.jsonl, the console to
+    <tmp>/<name>.console.log.
     """
-    log_path, console = tmp / f"{name}.jsonl", tmp / f"{name}.console.log"
+    console = tmp / f"{name}.console.log"
     full_env = {k: v for k, v in os.environ.items() if k not in _DROP}
-    full_env.update(CKPTS_DIR=str(tmp / "ckpts"), EXP_NAME=name, VERL_FILE_LOGGER_PATH=str(log_path),
-                    PYTHON=sys.executable, **env)  # fmt: skip
+    full_env.update({"CKPTS_DIR": str(tmp / "ckpts"), "EXP_NAME": name, "PYTHON": sys.executable,
+                     "VERL_FILE_LOGGER_PATH": str(tmp / f"{name}.jsonl"), **env})  # fmt: skip
+    full_env = {k: v for k, v in full_env.items() if v is not None}
     with open(console, "w") as out:
         proc = subprocess.Popen(["bash", str(RECIPES / script), *overrides], cwd=ROOT, env=full_env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -48,7 +51,17 @@ def run_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "ru
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
             rc = "timeout"
-    text = console.read_text(errors="replace")
+    return rc, console.read_text(errors="replace")
+
+
+def run_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "run_rpg_reinforce_urkl.sh",
+                   timeout_s: int = 600, **env: str | None) -> tuple[list[dict], str]:  # fmt: skip
+    """`start_cpu_recipe`, then require exit 0 and a metrics file; return (file-logger records, console text).
+
+    Fails with the console tail if the trainer does not exit 0 in time.
+    """
+    rc, text = start_cpu_recipe(tmp, name, overrides, script, timeout_s, **env)
+    log_path, console = tmp / f"{name}.jsonl", tmp / f"{name}.console.log"
     tail = "\n".join(text.splitlines()[-60:])
     assert rc == 0, f"{name}: trainer exited with {rc}; last lines of {console}:\n{tail}"
     assert log_path.is_file(), f"{name}: no metrics file {log_path}\n{tail}"
@@ -58,3 +71,23 @@ def run_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "ru
 def training_steps(records: list[dict]) -> dict[int, dict]:
     """step -> metrics of the training steps (records that carry actor/pg_loss)."""
     return {r["step"]: r["data"] for r in records if "actor/pg_loss" in r["data"]}
+
+
+def check_steps(records: list[dict], console: str, steps: list[int]) -> dict[int, dict]:
+    """The run logged exactly `steps`: one JSON line each in the metrics file, one `step:N - ...` console line each
+    (verl's console logger, the line `rpg.cpu.progress` turns into a progress line), and every RPG metric
+    (`actor/rpg/*`) and `actor/pg_loss` finite. Returns step -> metrics."""
+    from rpg.cpu.progress import parse_step
+
+    train = training_steps(records)
+    logged = sorted(r["step"] for r in records if "actor/pg_loss" in r["data"])
+    assert logged == steps, f"metrics file: training steps {logged}, expected {steps}"
+    printed = sorted(p[0] for p in map(parse_step, console.splitlines()) if p is not None and p[0] > 0)
+    assert printed == steps, f"console: step lines {printed}, expected one per step {steps}"
+    for step, data in train.items():
+        rpg = {k: v for k, v in data.items() if k.startswith("actor/rpg/")}
+        assert rpg, f"step {step}: no actor/rpg/* metrics"
+        bad = {k: v for k, v in {**rpg, "actor/pg_loss": data["actor/pg_loss"]}.items()
+               if not (isinstance(v, (int, float)) and math.isfinite(v))}  # fmt: skip
+        assert not bad, f"step {step}: non-finite metrics {bad}"
+    return train

@@ -16,6 +16,8 @@
 #   several one per line (TEST_FILE="$(ls /data/val/*.parquet)"), or a Hydra list as verl's own scripts write it
 #   (TEST_FILE="['/data/a b.parquet','/data/c.parquet']"); a value starting with `[` is read as such a list.
 #   RAY_ADDRESS   submit to this Ray cluster (`ray job submit --working-dir <repo>`); unset: run locally
+#   RPG_JOB_ENV   with RAY_ADDRESS: names of more environment variables to pass to the job, space-separated
+#                 (e.g. RPG_JOB_ENV="HF_HOME WANDB_API_KEY"); RPG_RAY_FOLLOW=0 returns right after the submission
 #   RPG_DRY_RUN=1 compose + validate the full config, print it as YAML and exit (no Ray, a few seconds)
 #   RPG_PROFILE   gpu (default: the paper's setup) | cpu (sources recipe/rpg/cpu/profile.sh: tiny CPU run)
 #   OPTIM         adamw (default) | schedulefree (sources recipe/rpg/optim/schedulefree.sh)
@@ -41,7 +43,7 @@ rpg_die() { echo "[rpg] error: $*" >&2; exit 2; }
 # ---------------------------------------------------------------------------------------------------------------
 : "${RPG_PROFILE:=gpu}"
 case "$RPG_PROFILE" in
-  gpu) RPG_PROFILE_OVERRIDES=() ;;
+  gpu) RPG_PROFILE_OVERRIDES=(); RPG_PROFILE_JOB_ENV=() ;;
   cpu)
     [[ -f "$RPG_RECIPE_DIR/cpu/profile.sh" ]] || rpg_die "RPG_PROFILE=cpu needs $RPG_RECIPE_DIR/cpu/profile.sh (not found)"
     # shellcheck source=/dev/null
@@ -295,14 +297,41 @@ available yet ($optim_dir/schedulefree.sh is missing); refusing to run AdamW in 
     PYTHONPATH="$RPG_REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" "${cmd[@]}"
     return
   fi
-  # Ray cluster: upload the repo (without the virtualenv, data and outputs) and the `rpg` package to every node.
+  # ---- Ray cluster (RAY_ADDRESS): the same command as a Ray job ------------------------------------------------------
+  # Uploads the repo (without virtualenvs, data and outputs) as the working directory and the `rpg` package to every
+  # node; forwards env_names, the profile's RPG_PROFILE_JOB_ENV (the CPU profile's platform settings) and the user's
+  # RPG_JOB_ENV (space-separated names; those unset here are skipped). Prints the
+  # submission id and the commands to follow, query and stop the job, then, by default, follows it: the logs stream
+  # here and the exit code is the job's (`ray job submit` exits 1 if the job FAILED; Ctrl-C stops following, not the
+  # job). RPG_RAY_FOLLOW=0 returns right after the submission. RPG_RAY_JOB_ID sets the submission id (default
+  # rpg-<experiment>-<UTC time>-<random>; Ray refuses an id that the cluster already has).
+  local follow=${RPG_RAY_FOLLOW:-1}
+  [[ "$follow" == 0 || "$follow" == 1 ]] || rpg_die "RPG_RAY_FOLLOW='$follow' is not valid; choose one of: 0 1"
+  command -v ray > /dev/null || rpg_die "RAY_ADDRESS='$RAY_ADDRESS' submits with Ray's CLI, but \`ray\` is not on \
+PATH; activate the environment where rpg-verl is installed (e.g. source .venv/bin/activate), or unset RAY_ADDRESS to \
+run locally"
+  local job_id=${RPG_RAY_JOB_ID:-rpg-${exp_name//[^A-Za-z0-9_.-]/_}-$(date -u +%Y%m%d-%H%M%S)-$RANDOM}
   local env_json="" n
-  for n in "${env_names[@]}"; do
-    [[ -n "${!n+x}" ]] && env_json+="${env_json:+, }$(_rpg_json_str "$n"): $(_rpg_json_str "${!n}")"
+  local -a user_env=()
+  read -ra user_env <<< "${RPG_JOB_ENV:-}"
+  for n in "${user_env[@]}"; do
+    [[ "$n" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || rpg_die "RPG_JOB_ENV='$RPG_JOB_ENV': '$n' is not an environment \
+variable name; give names separated by spaces (e.g. RPG_JOB_ENV=\"HF_HOME WANDB_API_KEY\")"
+  done
+  for n in "${env_names[@]}" "${RPG_PROFILE_JOB_ENV[@]}" "${user_env[@]}"; do
+    if [[ -n "${!n+x}" ]]; then
+      env_json+="${env_json:+, }$(_rpg_json_str "$n"): $(_rpg_json_str "${!n}")"
+    fi
   done
   local runtime_env
   runtime_env="{\"env_vars\": {$env_json}, \"py_modules\": [$(_rpg_json_str "$RPG_REPO_DIR/rpg")], \"excludes\": \
-[\".venv\", \".git\", \"data\", \"ckpts\", \"outputs\", \"wandb\", \"*.parquet\"]}"
-  ray job submit --address "$RAY_ADDRESS" --no-wait --working-dir "$RPG_REPO_DIR" \
-    --runtime-env-json "$runtime_env" -- "${cmd[@]}"
+[\".venv*\", \".git\", \"data\", \"ckpts\", \"outputs\", \"wandb\", \"artifacts\", \"*.parquet\"]}"
+  local -a wait_opt=()
+  [[ "$follow" == 1 ]] || wait_opt=(--no-wait)
+  echo "[rpg] Ray job submission id: $job_id (cluster $RAY_ADDRESS)" >&2
+  echo "[rpg]   follow: ray job logs --address $RAY_ADDRESS --follow $job_id" >&2
+  echo "[rpg]   status: ray job status --address $RAY_ADDRESS $job_id" >&2
+  echo "[rpg]   stop:   ray job stop --address $RAY_ADDRESS $job_id" >&2
+  ray job submit --address "$RAY_ADDRESS" --submission-id "$job_id" ${wait_opt[@]+"${wait_opt[@]}"} \
+    --working-dir "$RPG_REPO_DIR" --runtime-env-json "$runtime_env" -- "${cmd[@]}"
 }

@@ -508,8 +508,56 @@ def test_ray_address_submits_a_ray_job(tmp_path: Path):
     assert opts[opts.index("--working-dir") + 1] == str(REPO)
     runtime_env = json.loads(opts[opts.index("--runtime-env-json") + 1])
     assert runtime_env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == "rpg.verl_plugin"
-    assert runtime_env["py_modules"] == [str(REPO / "rpg")] and ".venv" in runtime_env["excludes"]
+    assert runtime_env["py_modules"] == [str(REPO / "rpg")] and ".venv*" in runtime_env["excludes"]
     assert entry[:3] == ["python3", "-m", "rpg.launch"] and entry[-1] == "trainer.nnodes=2"
+    # followed by default (the exit code is the job's), under a printed submission id
+    job_id = opts[opts.index("--submission-id") + 1]
+    assert "--no-wait" not in opts and job_id.startswith("rpg-run_grpo_7b-")
+    assert f"Ray job submission id: {job_id}" in proc.stderr
+    assert f"ray job logs --address http://head:8265 --follow {job_id}" in proc.stderr
+
+
+def test_ray_submission_of_a_cpu_recipe_carries_the_cpu_environment(tmp_path: Path):
+    out = tmp_path / "out.json"
+    _fake_executable(tmp_path, "ray")
+    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(out), "PATH": f"{tmp_path}:{os.environ['PATH']}",
+           "RPG_RAY_FOLLOW": "0", "RPG_RAY_JOB_ID": "my-run-1", "CPU_RANKS": "2",
+           "RPG_JOB_ENV": " MY_CACHE  MY_UNSET_VAR", "MY_CACHE": "/shared/cache dir"}
+    proc = run_script(RECIPE / "cpu" / "run_rpg_reinforce_urkl.sh", **env)
+    assert proc.returncode == 0, proc.stderr
+    argv = json.loads(out.read_text())["argv"]
+    opts = argv[: argv.index("--")]
+    assert "--no-wait" in opts and opts[opts.index("--submission-id") + 1] == "my-run-1"
+    env_vars = json.loads(opts[opts.index("--runtime-env-json") + 1])["env_vars"]
+    assert env_vars["VERL_PLATFORM"] == "cpu" and env_vars["VERL_ENGINE_DEVICE"] == "cuda"
+    assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "rpg.cpu.platform,rpg.cpu.hf_rollout,rpg.verl_plugin"
+    assert env_vars["MY_CACHE"] == "/shared/cache dir" and "MY_UNSET_VAR" not in env_vars  # the user's RPG_JOB_ENV
+    assert "trainer.n_gpus_per_node=2" in argv and not [a for a in argv if "ray_init.num_" in a]
+
+
+def test_ray_address_without_the_ray_cli_is_refused():
+    path = ":".join(d for d in os.environ["PATH"].split(":") if d and not os.access(os.path.join(d, "ray"), os.X_OK))
+    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", RAY_ADDRESS="http://head:8265", PATH=path)
+    assert proc.returncode == 2 and "`ray` is not on PATH" in proc.stderr, proc.stderr
+    assert "RAY_ADDRESS='http://head:8265'" in proc.stderr and "activate the environment" in proc.stderr
+
+
+def test_bad_job_env_name_is_refused(tmp_path: Path):
+    _fake_executable(tmp_path, "ray")
+    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"),
+           "PATH": f"{tmp_path}:{os.environ['PATH']}", "RPG_JOB_ENV": "HF_HOME WANDB-KEY"}
+    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", **env)
+    assert proc.returncode == 2 and "'WANDB-KEY' is not an environment variable name" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_bad_ray_follow_setting_is_refused(tmp_path: Path):
+    _fake_executable(tmp_path, "ray")
+    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"),
+           "PATH": f"{tmp_path}:{os.environ['PATH']}", "RPG_RAY_FOLLOW": "yes"}
+    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", **env)
+    assert proc.returncode == 2 and "RPG_RAY_FOLLOW='yes' is not valid; choose one of: 0 1" in proc.stderr
+    assert not (tmp_path / "out.json").exists()
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #   * defaults MODEL_PATH / TRAIN_FILE / TEST_FILE to artifacts/tiny (build it first: python -m rpg.tools.tiny_model);
 #   * defines RPG_PROFILE_OVERRIDES, appended after common.sh's overrides (later overrides win), so a CPU script keeps
 #     the method of its GPU sibling and changes only sizes and the machine.
+#   * defines RPG_PROFILE_JOB_ENV, the names of the variables above that a Ray cluster job (RAY_ADDRESS) must receive.
 #
 # Size knobs (environment, all optional):
 #   CPU_STEPS=40 training steps    CPU_BATCH=16 prompts/step    CPU_N=8 responses/prompt    CPU_LR=1e-4
@@ -20,6 +21,7 @@
 #     `bash scripts/setup_env.sh --vllm`; PYTHON defaults to .venv-vllm/bin/python; rpg/cpu/vllm_compat.py)
 #   CPU_DTYPE=fp32  fp32 | bf16: bf16 is the GPU recipes' precision (verl's default FSDP mixed precision: bf16
 #     parameters and compute, fp32 reductions; vLLM rollout in bfloat16). The hf rollout always decodes in fp32.
+#   CPU_RANKS=1 FSDP2 actor ranks (see the CPU_RANKS block below)
 # Outputs: metrics as JSON lines in $VERL_FILE_LOGGER_ROOT/$PROJECT_NAME/$EXP_NAME.jsonl (default
 # artifacts/cpu-runs/logs); checkpoints only if trainer.save_freq > 0 (under common.sh's CKPTS_DIR).
 # Measured on 2 cores (see README): ~40 s start-up, ~4-5 s per step at the defaults.
@@ -88,7 +90,6 @@ export RAY_DEDUP_LOGS=${RAY_DEDUP_LOGS:-1}
 : "${MODEL_PATH:=$TINY_DIR/model}"
 : "${TRAIN_FILE:=$TINY_DIR/train.parquet}"
 : "${TEST_FILE:=$TINY_DIR/val.parquet}"
-N_GPUS=1
 NNODES=1
 if [[ -z "${RPG_DRY_RUN:-}" && "${RPG_PRINT_ARGV:-0}" != 1 && ! -f "$MODEL_PATH/config.json" ]]; then
   echo "[rpg] error: RPG_PROFILE=cpu: no model at $MODEL_PATH; build it with: .venv/bin/python -m rpg.tools.tiny_model --out $TINY_DIR" >&2
@@ -98,16 +99,51 @@ fi
 : "${CPU_STEPS:=40}" "${CPU_BATCH:=16}" "${CPU_N:=8}" "${CPU_LR:=1e-4}" "${CPU_TEST_FREQ:=10}"
 : "${CPU_RESPONSE_LEN:=48}" "${CPU_SEED:=0}"
 : "${CPU_MINI_BATCH:=$CPU_BATCH}"
-_rpg_cpu_micro=$((CPU_BATCH * CPU_N))
+
+# ---- CPU_RANKS and the Ray resources (begin) -------------------------------------------------------------------------
+# CPU_RANKS=N runs the actor (and the reference model, if any) as N FSDP2 data-parallel ranks, N worker processes
+# talking over gloo: the CPU analogue of N_GPUS (trainer.n_gpus_per_node; verl's resource pool asks Ray for N "GPU"
+# bundles). Ray: a local run starts its own Ray with 16 logical CPUs and N fake GPUs (ray_init.num_cpus/num_gpus);
+# with RAY_ADDRESS the cluster provides them (ray start --head --num-cpus=16 --num-gpus=N; Ray refuses ray_init
+# resources when it joins a cluster) and the job gets this profile's environment (RPG_PROFILE_JOB_ENV, forwarded by
+# common.sh). Each rank gets 1/N of every batch: verl requires the global mini-batch (CPU_MINI_BATCH × CPU_N
+# sequences) and the batch (CPU_BATCH × CPU_N) to split evenly; the per-rank micro-batch is the rank's whole share
+# (one micro-batch per rank and mini-batch; override actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu for more).
+# Only the training side is sized here: the rollout keeps tensor_model_parallel_size=1, so verl starts one rollout
+# replica (server) per rank whatever the backend.
+: "${CPU_RANKS:=1}"
+[[ "$CPU_RANKS" =~ ^[1-9][0-9]*$ ]] || rpg_die "CPU_RANKS='$CPU_RANKS' is not valid: give a whole number of ranks ≥ 1 \
+(e.g. CPU_RANKS=2)"
+for _rpg_cpu_v in CPU_BATCH CPU_MINI_BATCH CPU_N; do
+  [[ "${!_rpg_cpu_v}" =~ ^[1-9][0-9]*$ ]] || rpg_die "$_rpg_cpu_v='${!_rpg_cpu_v}' is not valid: give a whole number ≥ 1"
+done
+(( CPU_MINI_BATCH * CPU_N % CPU_RANKS == 0 )) || rpg_die "CPU_RANKS=$CPU_RANKS does not divide the mini-batch of \
+CPU_MINI_BATCH × CPU_N = $CPU_MINI_BATCH × $CPU_N = $((CPU_MINI_BATCH * CPU_N)) sequences (verl splits every \
+mini-batch evenly over the ranks); choose CPU_MINI_BATCH or CPU_N so that the product is a multiple of $CPU_RANKS"
+(( CPU_BATCH * CPU_N % CPU_RANKS == 0 )) || rpg_die "CPU_RANKS=$CPU_RANKS does not divide the batch of \
+CPU_BATCH × CPU_N = $CPU_BATCH × $CPU_N = $((CPU_BATCH * CPU_N)) sequences (verl splits it evenly over the ranks); \
+choose CPU_BATCH or CPU_N so that the product is a multiple of $CPU_RANKS"
+N_GPUS=$CPU_RANKS
+_rpg_cpu_rank_overrides=(
+  "trainer.n_gpus_per_node=$CPU_RANKS"
+  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$((CPU_MINI_BATCH * CPU_N / CPU_RANKS))"
+  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$((CPU_BATCH * CPU_N / CPU_RANKS))"
+  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=$((CPU_BATCH * CPU_N / CPU_RANKS))"
+)
+if [[ -z "${RAY_ADDRESS:-}" ]]; then
+  _rpg_cpu_rank_overrides+=(ray_kwargs.ray_init.num_cpus=16 "+ray_kwargs.ray_init.num_gpus=$CPU_RANKS")
+fi
+RPG_PROFILE_JOB_ENV=(VERL_PLATFORM VERL_ENGINE_DEVICE TORCH_COMPILE_DISABLE TORCHINDUCTOR_DISABLE OMP_NUM_THREADS
+                     MKL_NUM_THREADS TOKENIZERS_PARALLELISM VERL_FILE_LOGGER_ROOT VERL_FILE_LOGGER_PATH RAY_DEDUP_LOGS)
+unset _rpg_cpu_v
+# ---- CPU_RANKS and the Ray resources (end) ---------------------------------------------------------------------------
 
 RPG_PROFILE_OVERRIDES=(
-  # machine: one fake GPU per node (verl's resource pool asks for GPU bundles), 16 logical CPUs for Ray's actors,
-  # one TransferQueue storage unit, one agent-loop and one reward worker, no dataloader workers (docs/cpu.md#profile)
+  # machine: CPU_RANKS ranks on one node, 16 logical CPUs and CPU_RANKS fake GPUs for Ray (the block above), one
+  # TransferQueue storage unit, one agent-loop and one reward worker, no dataloader workers (docs/cpu.md#profile)
   trainer.device=cpu
   trainer.nnodes=1
-  trainer.n_gpus_per_node=1
-  ray_kwargs.ray_init.num_cpus=16
-  +ray_kwargs.ray_init.num_gpus=1
+  "${_rpg_cpu_rank_overrides[@]}"
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1
   data.dataloader_num_workers=0
   actor_rollout_ref.rollout.agent.num_workers=1
@@ -130,9 +166,6 @@ RPG_PROFILE_OVERRIDES=(
   actor_rollout_ref.actor.use_dynamic_bsz=False
   actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False
   actor_rollout_ref.ref.log_prob_use_dynamic_bsz=False
-  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$((CPU_MINI_BATCH * CPU_N))"
-  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$_rpg_cpu_micro"
-  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=$_rpg_cpu_micro"
   # rollout: CPU_ROLLOUT's backend; rollout log-probs returned so verl logs rollout-vs-actor agreement
   "${_rpg_cpu_rollout[@]}"
   actor_rollout_ref.rollout.calculate_log_probs=True
@@ -155,5 +188,5 @@ RPG_PROFILE_OVERRIDES=(
   trainer.resume_mode=disable
   "trainer.logger=[console,file]"
 )
-unset _rpg_cpu_micro _rpg_cpu_mixed_precision _rpg_cpu_rollout_dtype _rpg_cpu_modules _rpg_cpu_rollout \
-  _rpg_cpu_precision
+unset _rpg_cpu_mixed_precision _rpg_cpu_rollout_dtype _rpg_cpu_modules _rpg_cpu_rollout _rpg_cpu_precision \
+  _rpg_cpu_rank_overrides

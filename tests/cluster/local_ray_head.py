@@ -1,0 +1,120 @@
+"""A real, private Ray head on 127.0.0.1 for the cluster-submission test (test helper).
+
+`ray start --head --block` in its own session, with its own temp dir (short, for Ray's unix sockets) and its own free
+ports (GCS, dashboard/job API, client server, node/object managers, agents, metrics, worker range), started from the
+project's virtualenv the way a user starts a head node (`.venv/bin` first on PATH, so the job's `python3` and Ray's
+workers are the environment with rpg-verl installed). Stopping it never touches another Ray: it terminates the
+`ray start` process and every process descended from it (GCS, raylet, dashboard, the job supervisor and the job's own
+processes), found by pid, plus any process with this head's temp dir on its command line; SIGTERM, then SIGKILL.
+`ray stop` is never used (it kills every Ray on the machine).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class LocalRayHead:
+    """Start with `LocalRayHead(num_cpus, num_gpus)`; `address` is the job API (http://127.0.0.1:<port>)."""
+
+    def __init__(self, num_cpus: int = 16, num_gpus: int = 1, timeout_s: float = 120):
+        self.temp_dir = tempfile.mkdtemp(prefix="rpgray-", dir="/tmp")
+        gcs, dash, client, node, obj, agent_http, agent_grpc, runtime_agent, metrics = _free_ports(9)
+        # workers' ports: a window of 200 between Ray's default range (10002-19999, used by every other local Ray)
+        # and Linux's ephemeral ports (32768+, where the free ports above come from); Ray refuses overlaps
+        taken = {gcs, dash, client, node, obj, agent_http, agent_grpc, runtime_agent, metrics}
+        windows = [20000 + 200 * ((os.getpid() + i) % 60) for i in range(60)]
+        low = next(w for w in windows if not taken & set(range(w, w + 200)))
+        self.address = f"http://127.0.0.1:{dash}"
+        self.gcs_address = f"127.0.0.1:{gcs}"
+        bin_dir = str(Path(sys.executable).parent)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "VERL_", "RPG_"))}
+        env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", RAY_USAGE_STATS_ENABLED="0")
+        cmd = [
+            os.path.join(bin_dir, "ray"), "start", "--head", "--block", "--disable-usage-stats",
+            "--node-ip-address=127.0.0.1", f"--port={gcs}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}", f"--ray-client-server-port={client}", f"--node-manager-port={node}",
+            f"--object-manager-port={obj}", f"--dashboard-agent-listen-port={agent_http}",
+            f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_agent}",
+            f"--metrics-export-port={metrics}", f"--min-worker-port={low}", f"--max-worker-port={low + 199}",
+            f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}", f"--temp-dir={self.temp_dir}",
+        ]  # fmt: skip
+        self.log = open(os.path.join(self.temp_dir, "ray-start.log"), "w")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"ray start exited with {self.proc.returncode}:\n{self.start_log[-3000:]}")
+            try:
+                urllib.request.urlopen(f"{self.address}/api/version", timeout=2).close()
+                return
+            except urllib.error.HTTPError:  # answering (e.g. 401 when Ray's token authentication is on): up
+                return
+            except OSError:
+                time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"the Ray head's job API at {self.address} did not answer within {timeout_s} s:\n"
+                           f"{self.start_log[-3000:]}")
+
+    def processes(self) -> list[psutil.Process]:
+        """The `ray start` process, all its descendants, and any process of this head's session that left the tree
+        (found by this head's own temp dir on its command line)."""
+        procs: dict[int, psutil.Process] = {}
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs.update((p.pid, p) for p in [root, *root.children(recursive=True)])
+        except psutil.NoSuchProcess:
+            pass
+        for p in psutil.process_iter(["cmdline"]):
+            if p.pid not in procs and self.temp_dir in " ".join(p.info["cmdline"] or []):
+                procs[p.pid] = p
+        return list(procs.values())
+
+    def stop(self) -> list[psutil.Process]:
+        """Terminate this head's processes (SIGTERM, then SIGKILL after 20 s); remove its temp dir. Returns the
+        processes still alive afterwards (none expected)."""
+        procs = self.processes()
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=20)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        _, survivors = psutil.wait_procs(alive, timeout=10)
+        if not self.log.closed:
+            self.log.close()
+            with open(self.log.name, errors="replace") as f:
+                self.start_log = f.read()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return survivors

@@ -1,0 +1,380 @@
+"""What each gloo rank runs in the multi-rank engine tests (`RankPool.run(<function>, ...)`; test helper).
+
+Every scenario builds verl 0.9.1's real `ActorRolloutRefWorker` (FSDP2 actor, and the FSDP2 reference engine when
+the role has one) with the tiny random Qwen2 of `tiny_qwen2.py`, in fp32, and feeds each rank its contiguous chunk
+of one global batch, as verl's dispatch does. The global batch (`padded_batch`) is built once, identically, from a
+seed: left-padded prompts and right-padded responses of very different lengths.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Optional
+
+import torch
+
+PROMPT_W, RESPONSE_W = 5, 9
+FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# batch and config
+# ---------------------------------------------------------------------------------------------------------------------
+def padded_batch(n: int, seed: int) -> dict[str, torch.Tensor]:
+    """n sequences: prompts of 1..PROMPT_W tokens (left-padded), responses of 1..RESPONSE_W tokens (right-padded),
+    advantages of both signs (one per sequence). Token ids in [3, 48) (vocabulary of the tiny model)."""
+    g = torch.Generator().manual_seed(seed)
+    p_len = torch.randint(1, PROMPT_W + 1, (n,), generator=g)
+    r_len = torch.randint(1, RESPONSE_W + 1, (n,), generator=g)
+    prompts = torch.randint(3, 48, (n, PROMPT_W), generator=g)
+    responses = torch.randint(3, 48, (n, RESPONSE_W), generator=g)
+    p_mask = (torch.arange(PROMPT_W)[None, :] >= PROMPT_W - p_len[:, None]).long()
+    r_mask = (torch.arange(RESPONSE_W)[None, :] < r_len[:, None]).long()
+    prompts, responses = prompts * p_mask, responses * r_mask
+    attention_mask = torch.cat([p_mask, r_mask], 1)
+    adv = torch.randn(n, 1, generator=g).expand(n, RESPONSE_W) * r_mask
+    return {"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "prompts": prompts, "responses": responses,
+            "response_mask": r_mask, "advantages": adv.contiguous()}  # fmt: skip
+
+
+def rank_rows(n: int, rank: int, world_size: int) -> slice:
+    """The rows of an n-row batch that verl's dispatch gives to `rank` (contiguous equal chunks)."""
+    per = n // world_size
+    return slice(rank * per, (rank + 1) * per)
+
+
+def to_td(tensors: dict[str, torch.Tensor], **non_tensor: Any):
+    """verl's actor input: the no-padding TensorDict (`left_right_2_no_padding`) plus non-tensor settings."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    n = len(tensors["input_ids"])
+    td = left_right_2_no_padding(TensorDict({k: v.clone() for k, v in tensors.items()}, batch_size=[n]))
+    tu.assign_non_tensor(td, temperature=1.0, calculate_entropy=False, compute_loss=False, **non_tensor)
+    return td
+
+
+def chunk(tensors: dict[str, torch.Tensor], rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    rows = rank_rows(len(tensors["input_ids"]), rank, world_size)
+    return {k: v[rows] for k, v in tensors.items()}
+
+
+def compose(model_dir: str, overrides: list[str]):
+    """verl's `ppo_trainer` config for an in-process CPU worker on the tiny model (fp32, FSDP2, eager attention)."""
+    import verl
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    base = [
+        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
+        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
+        "actor_rollout_ref.actor.use_torch_compile=False", "actor_rollout_ref.ref.use_torch_compile=False",
+        f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={FP32}",
+        f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={FP32}",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "actor_rollout_ref.actor.use_dynamic_bsz=False",
+        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.device=cpu",
+    ]  # fmt: skip
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir, version_base=None):
+        return hydra_compose("ppo_trainer", overrides=base + list(overrides))
+
+
+def local_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's own shards of every parameter/buffer (FSDP2 DTensor → its local tensor), copied."""
+    return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().clone() for k, v in module.state_dict().items()}
+
+
+def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter/buffer gathered in full (collective: all ranks must call)."""
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in module.state_dict().items()}  # fmt: skip
+
+
+def equal_states(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _metrics(out) -> dict[str, list]:
+    from verl.utils import tensordict_utils as tu
+
+    return {k: v if isinstance(v, list) else [v] for k, v in tu.get(out, "metrics").items()}
+
+
+def _log_probs(worker, td, ref: bool) -> torch.Tensor:
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    out = worker.compute_ref_log_prob(td.clone()) if ref else worker.compute_log_prob(td.clone())
+    return no_padding_2_padding(tu.get(out, "log_probs"), td).detach()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 1. aggregation: the gradient of the first update on R ranks × M micro-batches
+# ---------------------------------------------------------------------------------------------------------------------
+def first_update_gradient(rank: int, world_size: int, model_dir: str, batch: dict[str, torch.Tensor], loss_mode: str,
+                          agg: str, micro: int, kl_coef: float) -> dict[str, Any]:  # fmt: skip
+    """One `update_actor` (one mini-batch = the whole batch) through verl's TrainingWorker/FSDP2 engine.
+
+    Returns, on every rank, the number of loss calls (micro-batches) and the `global_batch_info` the loss saw; on
+    rank 0 also the full gradient (gathered DTensor grads, before clipping) at the engine's first optimizer step.
+    """
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    n = len(batch["input_ids"])
+    config = compose(model_dir, [
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={n}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        f"trainer.n_gpus_per_node={world_size}", f"actor_rollout_ref.actor.loss_agg_mode={agg}",
+        "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
+        f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+        f"+actor_rollout_ref.actor.policy_loss.kl_coef={kl_coef}",
+        "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "actor_rollout_ref.actor.clip_ratio_c=3.0", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.optim.lr=1e-3",
+    ])  # fmt: skip
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
+    worker.init_model()
+    engine = worker.actor.engine
+
+    seen: list[dict] = []
+    loss_fn = worker.actor.loss_fn  # functools.partial(ppo_loss, config=<the actor config>)
+
+    def counting_loss(*args, **kwargs):
+        result = loss_fn(*args, **kwargs)
+        seen.append(dict(loss_fn.keywords["config"].global_batch_info))  # as ppo_loss filled it for this call
+        return result
+
+    worker.actor.set_loss_fn(counting_loss)
+    grads: dict[str, torch.Tensor] = {}
+    step = engine.optimizer_step
+
+    @functools.wraps(step)
+    def capture_then_step(*args, **kwargs):
+        if not grads:
+            for name, p in engine.module.named_parameters():
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                grads[name] = g.detach().clone()
+        return step(*args, **kwargs)
+
+    engine.optimizer_step = capture_then_step
+    td = to_td(chunk(batch, rank, world_size))
+    tu.assign_non_tensor(td, compute_loss=True, global_batch_size=n, mini_batch_size=n, epochs=1, seed=0,
+                         dataloader_kwargs={"shuffle": False})  # fmt: skip
+    worker.update_actor(td)
+    return {"loss_calls": len(seen), "global_batch_info": seen, "grads": grads if rank == 0 else None}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 2. periodic reference: refresh (K / κ), the KL all-reduce, checkpoint and resume
+# ---------------------------------------------------------------------------------------------------------------------
+_PERIODIC_BATCH, _PERIODIC_MINI = 8, 4  # global sequences per training step / per optimizer step -> 2 steps per step
+
+
+def _periodic_worker(model_dir: str, world_size: int, refresh_steps: int, refresh_kl: float):
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    config = compose(model_dir, [
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={_PERIODIC_MINI}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",  # 2 micro-batches per rank per optimizer step
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={_PERIODIC_BATCH // world_size}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={_PERIODIC_BATCH // world_size}",
+        f"trainer.n_gpus_per_node={world_size}", "actor_rollout_ref.actor.optim.lr=1e-2",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.0",
+        "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_urkl",
+        "+actor_rollout_ref.actor.policy_loss.kl_coef=0.05", "+actor_rollout_ref.actor.policy_loss.reference=periodic",
+        f"+actor_rollout_ref.actor.policy_loss.ref_refresh_steps={refresh_steps}",
+        f"+actor_rollout_ref.actor.policy_loss.ref_refresh_kl={refresh_kl}",
+        "+actor_rollout_ref.actor.policy_loss.ref_kl_ema=0.0",  # EMA = this step's KL: κ compares the step's KL
+    ])  # fmt: skip
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout_ref")
+    worker.init_model()
+    return worker
+
+
+def _periodic_step(worker, step: int, rank: int, world_size: int, reductions: list) -> dict[str, Any]:
+    """One training step as verl's trainer runs it: π_old, π_ref, update (2 optimizer steps). Records the local
+    (pre-all-reduce) KL sums of this rank and what every rank checks after the step."""
+    from verl.utils import tensordict_utils as tu
+
+    from rpg.reference.periodic import _engine_module
+
+    tensors = chunk(padded_batch(_PERIODIC_BATCH, seed=100 + step), rank, world_size)
+    td = to_td(tensors)
+    mask = tensors["response_mask"].bool()
+    old, ref = _log_probs(worker, td, ref=False), _log_probs(worker, td, ref=True)
+    td["old_log_probs"], td["ref_log_prob"] = old * mask, ref * mask
+    tu.assign_non_tensor(td, compute_loss=True, global_batch_size=_PERIODIC_MINI, mini_batch_size=_PERIODIC_MINI,
+                         epochs=1, seed=0, dataloader_kwargs={"shuffle": False})  # fmt: skip
+    n_before = len(reductions)
+    metrics = _metrics(worker.update_actor(td))
+    assert len(reductions) == n_before + 1, "update_actor did not all-reduce the KL exactly once"
+    local, reduced = reductions[-1]
+    actor, reference = _engine_module(worker.actor, "actor"), _engine_module(worker.ref, "reference")
+    result = {
+        "step": step,
+        "local_kl": local[0] / local[1], "local_kl_sum": local[0], "local_tokens": local[1],
+        "reduced_kl_sum": reduced[0], "reduced_tokens": reduced[1],
+        **{k.removeprefix("actor/rpg/"): v[0] for k, v in metrics.items() if k.startswith("actor/rpg/ref_")},
+    }  # fmt: skip
+    if result["ref_refreshed"]:
+        # π_ref ← π_θ on this rank's own shards, and verl's reference forward now gives the actor's log-probs
+        result["shards_equal"] = equal_states(local_state(actor), local_state(reference))
+        result["logprob_gap"] = float(((_log_probs(worker, td, ref=True) - _log_probs(worker, td, ref=False)) * mask)
+                                      .abs().max())  # fmt: skip
+    return result
+
+
+def _record_reductions(reductions: list) -> None:
+    import rpg.reference.periodic as reference
+
+    if getattr(reference._all_reduce_sum, "_recording", False):
+        reference._all_reduce_sum = reference._all_reduce_sum.__wrapped__
+    orig = reference._all_reduce_sum
+
+    @functools.wraps(orig)
+    def recording(values):
+        out = orig(values)
+        reductions.append((list(values), list(out)))
+        return out
+
+    recording._recording = True
+    reference._all_reduce_sum = recording
+
+
+def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, refresh_steps: int,
+                     refresh_kl: float, steps: int, save_at: Optional[int] = None) -> dict[str, Any]:  # fmt: skip
+    """Train `steps` steps with a periodic reference (K = refresh_steps, κ = refresh_kl); checkpoint at `save_at`,
+    then resume from it in a fresh worker and train the remaining steps. Returns what each rank observed."""
+    from rpg.reference.periodic import _engine_module
+
+    reductions: list = []
+    _record_reductions(reductions)
+    worker = _periodic_worker(model_dir, world_size, refresh_steps, refresh_kl)
+    out: dict[str, Any] = {"steps": [], "resumed_steps": []}
+    for step in range(1, steps + 1):
+        out["steps"].append(_periodic_step(worker, step, rank, world_size, reductions))
+        if step == save_at:
+            worker.save_checkpoint(ckpt_dir, global_step=step)
+            out["saved_schedule"] = worker._rpg_periodic_reference.schedule.state_dict()
+            saved_ref = local_state(_engine_module(worker.ref, "reference"))
+    out["final_schedule"] = worker._rpg_periodic_reference.schedule.state_dict()
+    final_ref = local_state(_engine_module(worker.ref, "reference"))
+    if save_at is None:
+        return out
+
+    resumed = _periodic_worker(model_dir, world_size, refresh_steps, refresh_kl)
+    initial_ref = local_state(_engine_module(resumed.ref, "reference"))
+    resumed.load_checkpoint(ckpt_dir)
+    out["loaded_schedule"] = resumed._rpg_periodic_reference.schedule.state_dict()
+    out["loaded_ref_equal_saved"] = equal_states(local_state(_engine_module(resumed.ref, "reference")), saved_ref)
+    out["saved_ref_differs_from_initial"] = not equal_states(saved_ref, initial_ref)
+    for step in range(save_at + 1, steps + 1):
+        out["resumed_steps"].append(_periodic_step(resumed, step, rank, world_size, reductions))
+    out["resumed_final_schedule"] = resumed._rpg_periodic_reference.schedule.state_dict()
+    resumed_ref = local_state(_engine_module(resumed.ref, "reference"))
+    out["resumed_ref_max_diff"] = max(float((resumed_ref[k] - final_ref[k]).abs().max()) for k in final_ref)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 3. schedule-free AdamW: y/x switch per rank, checkpoint (training state at y, HF export at x), resume
+# ---------------------------------------------------------------------------------------------------------------------
+_SF_BATCH, _SF_MINI = 8, 4
+
+
+def _sf_worker(model_dir: str, world_size: int):
+    import rpg.schedule_free as sfm
+
+    config = compose(model_dir, [
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={_SF_MINI}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={_SF_BATCH // world_size}",
+        f"trainer.n_gpus_per_node={world_size}",
+        "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_urkl",
+        "+actor_rollout_ref.actor.policy_loss.kl_coef=0.05",
+        "actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",
+        "actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree", "actor_rollout_ref.actor.optim.lr=1e-2",
+        "actor_rollout_ref.actor.optim.weight_decay=0.1",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+    ])  # fmt: skip
+    worker = sfm.ScheduleFreeActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
+    worker.init_model()
+    return worker
+
+
+def _sf_step(worker, step: int, rank: int, world_size: int) -> dict[str, list]:
+    from verl.utils import tensordict_utils as tu
+
+    tensors = chunk(padded_batch(_SF_BATCH, seed=200 + step), rank, world_size)
+    td = to_td(tensors)
+    td["old_log_probs"] = _log_probs(worker, td, ref=False) * tensors["response_mask"]
+    tu.assign_non_tensor(td, compute_loss=True, global_batch_size=_SF_MINI, mini_batch_size=_SF_MINI, epochs=1,
+                         seed=0, dataloader_kwargs={"shuffle": False})  # fmt: skip
+    return _metrics(worker.update_actor(td))
+
+
+def _optimizer_state(optimizer) -> dict[str, torch.Tensor]:
+    flat = {}
+    for i, (p, state) in enumerate(optimizer.state.items()):
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                flat[f"{i}.{key}"] = (value.to_local() if hasattr(value, "to_local") else value).detach().clone()
+    return flat
+
+
+def schedule_free(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> dict[str, Any]:
+    """2 steps (4 optimizer steps) of schedule-free AdamW on 2 ranks; x/y switch; checkpoint at y with the HF export
+    at x; resume in a fresh worker; one more step in both. Returns what each rank observed."""
+    from safetensors.torch import load_file
+
+    import rpg.schedule_free as sfm
+
+    worker = _sf_worker(model_dir, world_size)
+    module, optimizer = worker.actor.engine.module, worker.actor.engine.optimizer
+    out: dict[str, Any] = {}
+    out["first_ratio"] = [(m["actor/rpg/ratio_min"][0], m["actor/rpg/ratio_max"][0])
+                          for m in (_sf_step(worker, s, rank, world_size) for s in (1, 2))]  # fmt: skip
+    y, y_full = local_state(module), full_state(module)
+    z = {p: optimizer.state[p]["z"] for group in optimizer.param_groups for p in group["params"]}
+    beta1 = optimizer.param_groups[0]["betas"][0]
+    expected_x = {id(p): torch.lerp(sfm._local(p).detach(), sfm._local(z[p]), 1 - 1 / beta1)
+                  for group in optimizer.param_groups for p in group["params"]}  # fmt: skip
+    out["average_changed"] = worker.set_schedule_free_weights(sfm.AVERAGE)
+    x_err = max(float((sfm._local(p).detach() - expected_x[id(p)]).abs().max())
+                for group in optimizer.param_groups for p in group["params"])  # fmt: skip
+    out["x_matches_schedulefree_formula"] = x_err
+    x_local = local_state(module)
+    out["x_differs_from_y"] = not equal_states(x_local, y)
+    x_full = full_state(module)
+    out["iterate_changed"] = worker.set_schedule_free_weights(sfm.ITERATE)
+    out["y_restored_exactly"] = equal_states(local_state(module), y)
+
+    worker.save_checkpoint(ckpt_dir, global_step=2)
+    out["ckpt_is_y"] = equal_states(local_state(module), y)
+    if rank == 0:
+        hf = load_file(os.path.join(ckpt_dir, "huggingface", "model.safetensors"))
+        out["hf_export_max_diff_to_x"] = max(float((hf[k].float() - x_full[k].float()).abs().max())
+                                             for k in hf if k in x_full)  # fmt: skip
+        out["hf_export_max_diff_to_y"] = max(float((hf[k].float() - y_full[k].float()).abs().max())
+                                             for k in hf if k in y_full)  # fmt: skip
+    saved_opt = _optimizer_state(optimizer)
+
+    resumed = _sf_worker(model_dir, world_size)
+    resumed.load_checkpoint(ckpt_dir)
+    out["resumed_params_equal"] = equal_states(local_state(resumed.actor.engine.module), y)
+    out["resumed_optimizer_equal"] = equal_states(_optimizer_state(resumed.actor.engine.optimizer), saved_opt)
+    out["resumed_mode"] = resumed._schedule_free.current
+    _sf_step(worker, 3, rank, world_size)
+    _sf_step(resumed, 3, rank, world_size)
+    out["step3_equal"] = equal_states(local_state(resumed.actor.engine.module), local_state(module))
+    return out

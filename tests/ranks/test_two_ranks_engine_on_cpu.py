@@ -1,0 +1,106 @@
+"""The cross-rank pieces of the periodic reference and of schedule-free AdamW on 2 gloo ranks (verl's FSDP2 engine).
+
+Two spawned ranks (tests/ranks/rank_pool.py) build verl's real fused `ActorRolloutRefWorker` (FSDP2 actor +
+reference, fp32) and train like verl's trainer: per training step each rank gets its half of an 8-sequence batch,
+computes π_old and π_ref, and updates with 2 mini-batches (2 optimizer steps) of 2 micro-batches each.
+
+Periodic reference (rpg/reference/periodic.py), RPG-REINFORCE-URKL against the reference:
+* by K (K = 3 optimizer steps): refreshes at the end of training steps 2, 4, 6 on *both* ranks; after a refresh each
+  rank's own reference shards equal its actor shards bit for bit and verl's reference forward gives the actor's
+  log-probs; the KL the schedule sees is the all-reduced token mean (Σ KL / Σ tokens over both ranks), identical on
+  both ranks, although the ranks' local KLs differ;
+* by κ: κ is set between the two ranks' *local* step-1 KLs, so a rank-local criterion would refresh one rank and not
+  the other; both ranks refresh together, at the same steps;
+* checkpoint at step 3 → fresh workers load it: the same schedule and the same reference shards on each rank, the
+  same refreshes afterwards and the same final reference as the uninterrupted run.
+
+Schedule-free (rpg/schedule_free.py): the first micro-batch of every step has ratio 1 on each rank; the
+switch to the average x changes every rank's shards to schedulefree's x and back to y bit-exactly; the checkpoint
+holds y, its HF export is x; a resumed worker continues bit-identically.
+
+Cost: ~1 min on 2 cores (the pool is shared with tests/ranks/test_aggregation_engine_on_cpu.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine_scenarios import periodic_refresh, schedule_free
+
+K_STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def periodic_by_k(two_ranks, tiny_model_with_tokenizer, tmp_path_factory):
+    ckpt = str(tmp_path_factory.mktemp("periodic_k") / "global_step_3" / "actor")
+    return two_ranks.run(periodic_refresh, model_dir=tiny_model_with_tokenizer, ckpt_dir=ckpt, refresh_steps=3,
+                         refresh_kl=0.0, steps=K_STEPS, save_at=3)  # fmt: skip
+
+
+def test_refresh_by_k_on_every_rank_together(periodic_by_k):
+    for rank, out in enumerate(periodic_by_k):
+        refreshed = [s["step"] for s in out["steps"] if s["ref_refreshed"]]
+        assert refreshed == [2, 4, 6], f"rank {rank}: refreshes at {refreshed}"
+        for s in out["steps"]:
+            if s["ref_refreshed"]:
+                assert s["shards_equal"], f"rank {rank} step {s['step']}: reference shards != actor shards"
+                assert s["logprob_gap"] < 1e-6, f"rank {rank} step {s['step']}: {s['logprob_gap']}"
+
+
+def test_the_kl_is_reduced_over_ranks(periodic_by_k):
+    r0, r1 = periodic_by_k
+    for a, b in zip(r0["steps"], r1["steps"]):
+        assert a["ref_kl"] == b["ref_kl"] and a.get("ref_kl_ema") == b.get("ref_kl_ema")  # bitwise the same
+        expected = (a["local_kl_sum"] + b["local_kl_sum"]) / (a["local_tokens"] + b["local_tokens"])
+        assert math.isclose(a["ref_kl"], expected, rel_tol=1e-12)
+        assert a["local_tokens"] != b["local_tokens"] or a["local_kl"] != b["local_kl"]  # the ranks saw other data
+    assert any(abs(a["local_kl"] - b["local_kl"]) > 0.1 * max(a["local_kl"], b["local_kl"])
+               for a, b in zip(r0["steps"], r1["steps"]))  # fmt: skip
+
+
+def test_checkpoint_and_resume_on_every_rank(periodic_by_k):
+    for rank, out in enumerate(periodic_by_k):
+        assert out["loaded_schedule"] == out["saved_schedule"], f"rank {rank}"
+        assert out["saved_ref_differs_from_initial"], f"rank {rank}: nothing was refreshed before the checkpoint"
+        assert out["loaded_ref_equal_saved"], f"rank {rank}: the resumed reference shards differ from the saved ones"
+        assert [s["step"] for s in out["resumed_steps"] if s["ref_refreshed"]] == [4, 6], f"rank {rank}"
+        assert out["resumed_final_schedule"] == out["final_schedule"], f"rank {rank}"
+        assert out["resumed_ref_max_diff"] < 1e-6, f"rank {rank}: {out['resumed_ref_max_diff']}"
+
+
+def test_refresh_by_kl_threshold_is_a_joint_decision(periodic_by_k, two_ranks, tiny_model_with_tokenizer, tmp_path):
+    # κ between the two ranks' local KLs of step 1 (the same weights and data as here): a rank-local criterion would
+    # refresh exactly one of the two ranks
+    first = [out["steps"][0]["local_kl"] for out in periodic_by_k]
+    kappa = sum(first) / 2
+    assert min(first) < kappa < max(first)
+    runs = two_ranks.run(periodic_refresh, model_dir=tiny_model_with_tokenizer, ckpt_dir=str(tmp_path / "unused"),
+                         refresh_steps=0, refresh_kl=kappa, steps=4)  # fmt: skip
+    r0, r1 = ([s["step"] for s in out["steps"] if s["ref_refreshed"]] for out in runs)
+    assert r0 == r1, f"rank 0 refreshed at {r0}, rank 1 at {r1}"
+    assert r0, "κ never fired"
+    for out in runs:
+        for s in out["steps"]:
+            assert s["ref_refreshed"] == (s["ref_kl"] > kappa)
+            if s["ref_refreshed"]:
+                assert s["shards_equal"] and s["logprob_gap"] < 1e-6
+
+
+@pytest.fixture(scope="module")
+def sf_run(two_ranks, tiny_model_with_tokenizer, tmp_path_factory):
+    ckpt = str(tmp_path_factory.mktemp("sf") / "global_step_2" / "actor")
+    return two_ranks.run(schedule_free, model_dir=tiny_model_with_tokenizer, ckpt_dir=ckpt)
+
+
+def test_schedule_free_switches_every_rank_and_resumes_exactly(sf_run):
+    for rank, out in enumerate(sf_run):
+        ratios = [r for pair in out["first_ratio"] for r in pair]
+        assert all(abs(r - 1.0) < 1e-6 for r in ratios), f"rank {rank}: {out['first_ratio']}"
+        assert out["average_changed"] and out["iterate_changed"], f"rank {rank}"
+        assert out["x_matches_schedulefree_formula"] < 1e-6 and out["x_differs_from_y"], f"rank {rank}"
+        assert out["y_restored_exactly"] and out["ckpt_is_y"], f"rank {rank}"
+        assert out["resumed_params_equal"] and out["resumed_optimizer_equal"], f"rank {rank}"
+        assert out["resumed_mode"] == "iterate" and out["step3_equal"], f"rank {rank}"
+    assert sf_run[0]["hf_export_max_diff_to_x"] < 1e-6 < sf_run[0]["hf_export_max_diff_to_y"]
