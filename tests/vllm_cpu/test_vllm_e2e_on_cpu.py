@@ -16,8 +16,10 @@ urkl_resume_stale      resumes `urkl` at step 3 with the test-only `sync_probe` 
                        engine with dummy weights), step 4's is much larger (negative control: a missing sync shows)
 ufkl_frozen_bf16       RPG-UFKL against the frozen initial model (verl's reference worker) in bf16 as on GPU (verl's
                        default FSDP mixed precision, vLLM in bfloat16): metrics finite, the gap reported
-urkl_periodic          periodic reference, K = 2 optimizer steps (one per training step): refreshed at step 2 only,
-                       the reference equals the policy afterwards; gap < 1e-3
+urkl_periodic_2ranks   periodic reference, K = 2 optimizer steps (one per training step), on CPU_RANKS=2 (two FSDP2
+                       ranks over gloo, one vLLM server each, as on a GPU node): refreshed at step 2 only on both
+                       ranks, the reference equals the policy afterwards; gap < 1e-3 (each rank's weights reach its
+                       server)
 dapo_schedulefree      DAPO with `filter_groups` and OPTIM=schedulefree (as the authors' DAPO schedule-free scripts):
                        groups evicted and refilled through vLLM; validation pushes x to vLLM and y back, so the rollouts of
                        the step after a validation still come from y (gap < 1e-3)
@@ -134,11 +136,12 @@ def test_urkl_periodic_reference_refreshes(tiny_dir, tmp_path):
     overrides = [*SMALL_VAL, "trainer.val_before_train=False", "actor_rollout_ref.actor.use_kl_loss=True",
                  "actor_rollout_ref.actor.kl_loss_coef=0.0", "+actor_rollout_ref.actor.policy_loss.reference=periodic",
                  "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=2"]
-    sizes = {**SIZES, "CPU_MINI_BATCH": "4"}  # one optimizer step per training step: refreshed at the end of step 2
-    records, console = run_cpu_recipe(tmp_path, "urkl_periodic", overrides, CPU_STEPS="3", CPU_TEST_FREQ="3",
+    # one optimizer step per training step (refreshed at the end of step 2); two ranks with 8 sequences each
+    sizes = {**SIZES, "CPU_MINI_BATCH": "4", "CPU_RANKS": "2"}
+    records, console = run_cpu_recipe(tmp_path, "urkl_periodic_2ranks", overrides, CPU_STEPS="3", CPU_TEST_FREQ="3",
                                       **sizes)  # fmt: skip
     train = training_steps(records)
-    print(f"\n[vllm urkl periodic] {GAP} per step: {gaps(train)}")
+    print(f"\n[vllm urkl periodic, 2 ranks] {GAP} per step: {gaps(train)}")
     assert sorted(train) == [1, 2, 3]
     for step, data in train.items():
         check_rpg_step(step, data)
