@@ -21,6 +21,8 @@ Outputs are written atomically; per-run console logs and metrics (verl's file lo
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import statistics
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from rpg.atomic import atomic_write_json, atomic_write_text
 from rpg.tools import report, tiny_model
@@ -40,17 +43,34 @@ FROZEN_REF = ["+actor_rollout_ref.actor.policy_loss.reference=frozen", "actor_ro
 STEP_TIME = {"iterative": [], "frozen": FROZEN_REF}
 
 
-def run(script: str, name: str, out: Path, env_update: dict, overrides: list[str]) -> tuple[list[dict], float]:
-    """One trainer run; returns (file-logger records, wall seconds). Raises with the log tail on failure."""
+@contextlib.contextmanager
+def locked(lock: Optional[Path]):
+    """Hold `lock`'s flock(2) (what ``flock LOCK <command>`` takes) for the block; no-op for None."""
+    if lock is None:
+        yield
+        return
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def run(script: str, name: str, out: Path, env_update: dict, overrides: list[str],
+        lock: Optional[Path] = None) -> tuple[list[dict], float]:  # fmt: skip
+    """One trainer run; returns (file-logger records, wall seconds). Raises with the log tail on failure.
+
+    `lock`: hold this file's flock during the run (machines shared with other trainer jobs); waiting for it is not
+    part of the wall time.
+    """
     metrics, console = out / f"{name}.jsonl", out / f"{name}.console.log"
     metrics.unlink(missing_ok=True)
     env = dict(os.environ, EXP_NAME=name, VERL_FILE_LOGGER_PATH=str(metrics), **env_update)
-    t0 = time.time()
     print(f"[e2e_cpu_runs] {name}: {script} {' '.join(overrides)}", flush=True)
-    with open(console, "w") as f:
-        rc = subprocess.run(["nice", "-n", "10", "bash", str(RECIPES / script), *overrides], cwd=ROOT, env=env,
-                            stdout=f, stderr=subprocess.STDOUT).returncode
-    wall = time.time() - t0
+    with locked(lock):
+        t0 = time.time()
+        with open(console, "w") as f:
+            rc = subprocess.run(["nice", "-n", "10", "bash", str(RECIPES / script), *overrides], cwd=ROOT, env=env,
+                                stdout=f, stderr=subprocess.STDOUT).returncode
+        wall = time.time() - t0
     if rc != 0:
         tail = "\n".join(console.read_text(errors="replace").splitlines()[-40:])
         raise RuntimeError(f"{name} failed (exit {rc}); see {console}\n{tail}")

@@ -1,8 +1,8 @@
 """Advantage estimators of RPG: a baseline subtracted from the sequence score, no std normalisation.
 
-The paper uses `A = R − b` with a baseline `b` that does not depend on the sampled item (App. G.1/G.2; the
-gradient stays unbiased because `E_old[w·b·∇log π_θ] = b·∇∫π_θ = 0`, SPEC §2.2). The authors' scripts use the
-per-prompt group mean (`rpg`); Algorithms 1/2 give the batch mean as the example (`rpg_batchmean`).
+The paper uses `A = R − b` with a baseline `b` that does not depend on the sampled item (App. G.1/G.2; the gradient
+stays unbiased because `E_old[w·b·∇log π_θ] = b·∇∫π_θ = 0`, docs/losses.md#exact-gradients). The authors' scripts use
+the per-prompt group mean (`rpg`); Algorithms 1/2 give the batch mean as the example (`rpg_batchmean`).
 
 Both receive verl's `token_level_rewards` (bs, T) whose row sum is the sequence score `s_i` (the rule reward sits
 on the last valid token), and return `(advantages, returns)`, both `A_i` broadcast over the response and zero on

@@ -43,7 +43,7 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     """Settings of the RPG losses (the rows of `rpg.losses.LOSSES`, `python -m rpg.launch --list`).
 
     Args:
-        kl_coef: β, the KL coefficient of `J = E[R] − β·D` (paper §5: 1e-4). Must be finite and ≥ 0.
+        kl_coef: β, the KL coefficient of `J = E[R] − β·D` (paper App. H: 1e-4). Must be finite and ≥ 0.
         kl_clamp: if set, clamp the per-token KL surrogate of the fully differentiable family to
             [−kl_clamp, kl_clamp] as the authors' code does (10.0 there, all divergences but FKL). The paper has no
             clamp: None.
@@ -53,15 +53,15 @@ class RPGPolicyLossConfig(PolicyLossConfig):
         kl_ratio: ratio at which the REINFORCE KL component C_KL is evaluated: "clipped" (w̄ = clip(w, 1−ε1, 1+ε2),
             Remark F.2, as the authors do) or "raw" (w, the exact estimator of Props. F.1–F.5).
         kl_placement: where the KL sits in the fully differentiable family: "additive" (dual-clip PPO on the
-            detached A plus an unclipped β·D̂ — SPEC §4.2.2, the authors' construction, exact gradients of
+            detached A plus an unclipped β·D̂ — docs/losses.md#additive, the authors' construction, exact gradients of
             Tables 1/4 inside the trust region) or "inside_clip" (literal Algorithm 1: dual-clip on a θ-dependent
-            Â = A − β·D̂/w, which reproduces Tables 1/4 exactly when unclipped — SPEC §4.2.3).
-        reference: KL reference policy. "iterative" (π_ref = π_old, no reference model; paper §5 and every RPG
-            script), "frozen" (the initial model computed by verl's reference worker), "periodic" (a reference
-            refreshed from the policy every `ref_refresh_steps` optimizer steps and/or when the EMA of the token
-            KL to the reference exceeds `ref_refresh_kl`). Non-iterative modes use the ρ-weighted surrogates of
-            SPEC §6.2 (ρ = π_ref/π_old) and need `actor.use_kl_loss=True` with `kl_loss_coef=0` so that verl
-            builds the reference model and ships `ref_log_prob`.
+            Â = A − β·D̂/w, which reproduces Tables 1/4 exactly when unclipped — docs/losses.md#inside-clip).
+        reference: KL reference policy. "iterative" (π_ref = π_old, no reference model; paper §5 and every RPG script),
+            "frozen" (the initial model computed by verl's reference worker), "periodic" (a reference refreshed from the
+            policy every `ref_refresh_steps` optimizer steps and/or when the EMA of the token KL to the reference
+            exceeds `ref_refresh_kl`). Non-iterative modes use the ρ-weighted surrogates of docs/losses.md#rho-weighting
+            (ρ = π_ref/π_old) and need `actor.use_kl_loss=True` with `kl_loss_coef=0` so that verl builds the reference
+            model and ships `ref_log_prob`.
         ref_refresh_steps: K of the periodic reference, in optimizer steps (0 = never on a step count). verl
             computes ref_log_prob once per training step, so a refresh happens at the end of the first training
             step with ≥ K optimizer steps since the last one (rpg.reference).

@@ -4,17 +4,19 @@ Every formula of the paper that depends on the divergence is one of three per-to
 the importance ratio `w = π_θ/π_old` (`log_w = log π_θ − log π_old`) and of the reference ratio
 `ρ = π_ref/π_old` (`log_ρ`; ρ ≡ 1 under the iterative reference π_ref = π_old, paper §5):
 
-* `surrogate`  — the fully differentiable KL regulariser (minimised, multiplied by β), paper Table 1 (UFKL, URKL)
-  and Table 4 (FKL, RKL), generalised to a reference π_ref ≠ π_old with the detached ratio ρ (SPEC §6.2). Its
-  gradient is `∇surrogate = −C_KL/β · ∇log π_θ` for every sample (SPEC §3.1, per-sample check).
-* `kl_component` — `C_KL/β`, the KL part of the REINFORCE weight `Weight = w·A + C_KL` (SPEC §3.3; Props. F.1,
-  F.3, F.4, F.5 for ρ ≡ 1). Used inside a stop-gradient by the REINFORCE family (Algorithm 2).
+* `surrogate`  — the fully differentiable KL regulariser (minimised, multiplied by β), paper Table 1 (UFKL, URKL) and
+  Table 4 (FKL, RKL), generalised to a reference π_ref ≠ π_old with the detached ratio ρ (docs/losses.md#rho-weighting).
+  Its gradient is `∇surrogate = −C_KL/β · ∇log π_θ` for every sample (docs/losses.md#fully-differentiable-surrogates,
+  per-sample check).
+* `kl_component` — `C_KL/β`, the KL part of the REINFORCE weight `Weight = w·A + C_KL` (paper Table 2;
+  docs/losses.md#reinforce-style-losses; Props. F.1, F.3, F.4, F.5 for ρ ≡ 1). Used inside a stop-gradient by the
+  REINFORCE family (Algorithm 2).
 * `estimate`  — a non-negative, unbiased per-token estimate of the divergence value on π_old samples, for logging:
   `ρ·k3(w/ρ)` for the forward divergences and `w·k3(ρ/w)` for the reverse ones (k3 ≡ UKL, paper App. D, Remark 3.5).
 
 With ρ ≡ 1:
 
-| div  | surrogate (Tables 1/4)   | C_KL/β (SPEC §3.3) | objective                      |
+| div  | surrogate (Tables 1/4)   | C_KL/β (App. F)    | objective                      |
 |------|--------------------------|--------------------|--------------------------------|
 | fkl  | −log w                   | +1                 | E[R] − β·KL(π_old‖π_θ)   (E.1) |
 | ufkl | w − log w − 1  (= k3(w)) | 1 − w              | E[R] − β·UKL(π_old‖π_θ)  (3.1) |
@@ -22,7 +24,7 @@ With ρ ≡ 1:
 | urkl | w·log w − w + 1          | −w·log w           | E[R] − β·UKL(π_θ‖π_old)  (3.3) |
 
 For normalised policies UKL = KL, so UFKL/FKL (and URKL/RKL) are the same objective; their estimators differ by the
-zero-mean control variate ±β·w (SPEC §2.3), which the tests check exactly.
+zero-mean control variate ±β·w (docs/losses.md#control-variates), which the tests check exactly.
 
 All functions are elementwise on tensors of any shape (typically (batch, response_len)); `log_rho`/`rho` may be the
 Python scalars 0.0/1.0 (iterative reference) to skip work.
@@ -42,7 +44,7 @@ RatioFn = Callable[[Tensor, Tensor, Scalar, Scalar], Tensor]
 
 # ---- forward divergences: D(π_ref ‖ π_θ) --------------------------------------------------------------------------
 def _fkl_surrogate(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
-    """−ρ·log w (Table 4 FKL `−β log π_θ` up to a constant; SPEC §6.2 `−SG(ρ)·log π_θ`)."""
+    """−ρ·log w (Table 4 FKL `−β log π_θ` up to a constant; docs/losses.md#rho-weighting `−SG(ρ)·log π_θ`)."""
     return -rho * log_w
 
 
@@ -70,7 +72,8 @@ def _rkl_surrogate(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Te
 def _urkl_surrogate(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
     """w·k3(ρ/w) = w·(log w − log ρ) − w + ρ (Table 1 URKL `w·log w − w` plus a constant; Remark 3.7).
 
-    With a frozen reference this is exactly the importance-weighted GRPO KL `w·k3(π_ref/π_θ)` (SPEC §5.3).
+    With a frozen reference this is exactly the importance-weighted GRPO KL `w·k3(π_ref/π_θ)` (paper §2.2;
+    docs/losses.md#grpo-kl).
     """
     return w * (log_w - log_rho) - w + rho
 
@@ -96,10 +99,14 @@ class Divergence:
         surrogate: fully differentiable per-token regulariser (see module docstring).
         kl_component: C_KL/β of the REINFORCE weight.
         estimate: non-negative per-token estimate of D on π_old samples (for logging).
-        reference_clamps: whether the authors' code clamps this surrogate to ±10 (all but FKL; README D3), i.e.
-            whether the `kl_clamp` option acts on it.
+        reference_clamps: whether the authors' code clamps this surrogate to ±10 (all but FKL; docs/differences.md#d3),
+            i.e. whether the `kl_clamp` option acts on it.
         ratio_dependent_kl: whether C_KL depends on w (all but FKL, whose C_KL is the constant ρ), i.e. whether the
             `kl_ratio` option (C_KL at w̄ or w) acts on it.
+        surrogate_adds_rho: whether `surrogate` is the paper's Table 1/4 loss plus the constant ρ (URKL only: Table 1
+            has `w·log w − w`, the surrogate `w·k3(ρ/w)` adds ρ so that it is a non-negative estimate). The constant
+            does not change an additive regulariser's gradient, but it does change the θ-dependent Â of the literal
+            Algorithm 1 (`kl_placement="inside_clip"`), which uses the Table loss itself.
     """
 
     name: str
@@ -110,6 +117,13 @@ class Divergence:
     estimate: RatioFn
     reference_clamps: bool
     ratio_dependent_kl: bool
+    surrogate_adds_rho: bool = False
+
+    def table_loss(self, log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
+        """The paper's Table 1/4 per-token loss (generalised to ρ ≠ 1 as `surrogate` is): `surrogate` minus its
+        added constant."""
+        surrogate = self.surrogate(log_w, w, log_rho, rho)
+        return surrogate - rho if self.surrogate_adds_rho else surrogate
 
 
 DIVERGENCES: dict[str, Divergence] = {
@@ -118,7 +132,8 @@ DIVERGENCES: dict[str, Divergence] = {
         Divergence("fkl", "FKL", "KL(π_ref‖π_θ)", _fkl_surrogate, _fkl_component, _ufkl_surrogate, False, False),
         Divergence("rkl", "RKL", "KL(π_θ‖π_ref)", _rkl_surrogate, _rkl_component, _urkl_surrogate, True, True),
         Divergence("ufkl", "UFKL", "UKL(π_ref‖π_θ)", _ufkl_surrogate, _ufkl_component, _ufkl_surrogate, True, True),
-        Divergence("urkl", "URKL", "UKL(π_θ‖π_ref)", _urkl_surrogate, _urkl_component, _urkl_surrogate, True, True),
+        Divergence("urkl", "URKL", "UKL(π_θ‖π_ref)", _urkl_surrogate, _urkl_component, _urkl_surrogate, True, True,
+                   surrogate_adds_rho=True),
     )
 }
 

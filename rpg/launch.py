@@ -281,7 +281,7 @@ def _rule_no_kl_in_reward(config: DictConfig, settings) -> Optional[str]:
         return (
             "algorithm.use_kl_in_reward=True cannot be combined with an RPG loss: verl's in-reward KL is evaluated "
             "at π_old/π_ref before the update, summed into the advantage and multiplied by w, which realises no RPG "
-            "estimator (SPEC §11 D2) and would add a second KL on top of the loss's own. Set "
+            "estimator (docs/differences.md#d2) and would add a second KL on top of the loss's own. Set "
             "algorithm.use_kl_in_reward=False; the RPG KL is the loss's policy_loss.kl_coef (β)."
         )
     return None
@@ -330,7 +330,7 @@ def validate_rpg(config: DictConfig):
     * RPG loss ⇒ `policy_loss._target_` is `rpg.RPGPolicyLossConfig` and its fields are valid, including that no
       option is set that cannot change this loss or reference mode (`rpg.config.ineffective_options`);
     * RPG loss ⇒ `algorithm.rollout_correction.bypass_mode=False` (rpg.config.BYPASS_ERROR);
-    * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (SPEC §11 D2);
+    * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (docs/differences.md#d2);
     * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
     * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
       `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
@@ -386,7 +386,8 @@ def _rule_overlong_buffer(config: DictConfig) -> Optional[str]:
     if max_resp != config.data.max_response_length:
         return (
             f"reward.reward_kwargs.max_resp_len={max_resp} must equal data.max_response_length="
-            f"{config.data.max_response_length} (the DAPO overlong penalty is measured from it, SPEC §7.4)"
+            f"{config.data.max_response_length} (the DAPO overlong penalty is measured from it, "
+            "docs/differences.md#s7-4)"
         )
     if not (isinstance(length, int) and 0 < length <= max_resp):
         return (
@@ -435,6 +436,7 @@ RECIPE_KNOBS = {
     "data.max_response_length": "RESPONSE_LEN, default CTX*1024",
     "trainer.project_name": "PROJECT_NAME",
     "trainer.experiment_name": "EXP_NAME",
+    "data.apply_chat_template_kwargs.enable_thinking": "THINKING, Qwen3-4B scripts",
 }
 RESUME_MODES = ("auto", "disable", "resume_path")  # verl 0.9.1 `_load_checkpoint`
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # hdfs://, s3://, hf://...: fetched by verl or fsspec, not checked
@@ -689,7 +691,36 @@ def _rule_data_sources_scored(config: DictConfig) -> Optional[str]:
     return "\n- ".join(problems) or None
 
 
+THINKING_KEY = "data.apply_chat_template_kwargs.enable_thinking"
+
+
+def _rule_enable_thinking(config: DictConfig) -> Optional[str]:
+    """`enable_thinking`, when given, is a boolean: Qwen3's chat template tests `enable_thinking is false`, so any
+    other value (a string 'false', 0, null) would silently render the thinking template."""
+    kwargs = config.data.get("apply_chat_template_kwargs", None) or {}
+    if "enable_thinking" not in kwargs or isinstance(kwargs.enable_thinking, bool):
+        return None
+    return (
+        f"{THINKING_KEY}={kwargs.enable_thinking!r}{_knob(THINKING_KEY)} is not valid; choose one of: true, false "
+        f"(false renders Qwen3's template without its thinking block; docs/differences.md#d26)"
+    )
+
+
+def chat_template_summary(config: DictConfig) -> str:
+    """One line saying which chat template renders the prompts (training and validation): thinking on/off and the
+    kwargs verl passes to `apply_chat_template` (its dataset and agent loop read `data.apply_chat_template_kwargs`)."""
+    kwargs = OmegaConf.to_container(config.data.get("apply_chat_template_kwargs", None) or OmegaConf.create())
+    thinking = kwargs.get("enable_thinking")
+    mode = (
+        "the template's default (a Qwen3 template thinks)"
+        if thinking is None
+        else f"thinking {'on' if thinking else 'off'}"
+    )
+    return f"[rpg] chat template: {mode} (data.apply_chat_template_kwargs={kwargs})"
+
+
 RECIPE_RULES: tuple[Callable[[DictConfig], Optional[str]], ...] = (
+    _rule_enable_thinking,
     _rule_filter_groups_needs_v1,
     _rule_reward_manager,
     _rule_custom_reward_fn,
@@ -702,9 +733,9 @@ RECIPE_RULES: tuple[Callable[[DictConfig], Optional[str]], ...] = (
 
 
 def validate_recipe(config: DictConfig) -> None:
-    """Recipe rules verl does not check up front (dynamic-sampling trainer, reward manager and score function,
-    DAPO overlong buffer, resume settings, run names, context length vs the model, a scorer for every data source
-    and ground truth of the local data files)."""
+    """Recipe rules verl does not check up front (the chat template's `enable_thinking`, dynamic-sampling trainer,
+    reward manager and score function, DAPO overlong buffer, resume settings, run names, context length vs the model,
+    a scorer for every data source and ground truth of the local data files)."""
     errors = [msg for rule in RECIPE_RULES if (msg := rule(config))]
     if errors:
         raise RecipeConfigError("invalid recipe configuration:\n- " + "\n- ".join(errors))
@@ -750,6 +781,7 @@ def run(config: DictConfig) -> None:
     auto_set_device(config)
     dry_run = dry_run_requested()
     validated = validate(config, real_launch=not dry_run)
+    print(chat_template_summary(config), file=sys.stderr)
     if dry_run:
         for problem in validated.path_problems:
             print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)

@@ -1,20 +1,21 @@
 """RPG policy losses: the two loss families of the paper, built from the divergence table.
 
-Conventions (SPEC §1): every response token is one sampled item `x = (h_t, y_t)`; tensors are (batch, response_len);
-`w = π_θ/π_old` per token; `A` is the sequence advantage broadcast over the response (detached data); β = kl_coef;
-`(ε1, ε2, c)` = verl's `clip_ratio_low`, `clip_ratio_high`, `clip_ratio_c`. The KL reference is π_old (iterative,
-ρ ≡ 1) unless `ref_log_prob` is given (ρ = π_ref/π_old, SPEC §6.2).
+Conventions (docs/losses.md#notation): every response token is one sampled item `x = (h_t, y_t)`; tensors are
+(batch, response_len); `w = π_θ/π_old` per token; `A` is the sequence advantage broadcast over the response (detached
+data); β = kl_coef; `(ε1, ε2, c)` = verl's `clip_ratio_low`, `clip_ratio_high`, `clip_ratio_c`. The KL reference is
+π_old (iterative, ρ ≡ 1) unless `ref_log_prob` is given (ρ = π_ref/π_old, docs/losses.md#rho-weighting).
 
 Families
 --------
 * **Fully differentiable RPG** (`rpg_<div>`, paper rows RPG-<DIV>; Tables 1/4, Algorithm 1):
-  - `kl_placement="additive"` (default; SPEC §4.2.2, what the paper's experiments ran): dual-clip PPO (§3.3 / App.
-    G.1) on the detached advantage plus the unclipped regulariser, per token
+  - `kl_placement="additive"` (default; docs/losses.md#additive, what the paper's experiments ran): dual-clip PPO
+    (§3.3 / App. G.1) on the detached advantage plus the unclipped regulariser, per token
     `L = L_dualclip(w, A) + β·D̂(w)`; inside the trust region `∇L = −(w·A + C_KL)·∇log π_θ`, the exact gradient of
     Props. E.1, E.3, 3.2, 3.6.
-  - `kl_placement="inside_clip"` (literal Algorithm 1): dual clip on the θ-dependent `Â = A − β·D̂(w)/w`, which
-    makes `−w·Â` the exact Table 1/4 surrogate when unclipped (SPEC §4.2.3 table; the paper's own example Â's are
-    the REINFORCE forms and are off by `+β·w·∇log π` per sample).
+  - `kl_placement="inside_clip"` (literal Algorithm 1): dual clip on the θ-dependent `Â = A − β·T(w)/w`, T the
+    Table 1/4 loss (URKL: without the surrogate's constant), which makes `−w·Â` the exact Table 1/4 surrogate when
+    unclipped (docs/losses.md#inside-clip; the paper's own example Â's are the REINFORCE forms and are off by
+    `+β·w·∇log π` per sample).
 * **RPG-REINFORCE with RPG-Style Clip** (`rpg_reinforce_<div>`, Algorithm 2, Table 2 / App. F): per token with
   `ℓ = −log π_θ` (the only place the gradient enters), `C = β·C_KL` (at w̄ = clip(w) per Remark F.2 by default) and
   `A' = A + C/w`:
@@ -27,11 +28,12 @@ Families
   | A' < 0, 1−ε1 < w < c       | (w·A + C)·ℓ            | −(w·A + C)·∇log π_θ          |
   | A' < 0, w ≥ c              | (c·A + C)·SG(ℓ)        | 0                            |
 
-  (SPEC §4.3.2.) Its gradient equals dual-clip PPO on the detached `A'` (SPEC §4.3.4). The loss *value* is a
-  log-prob scaled by a weight: do not compare `pg_loss` across families.
-* **Hard-clip REINFORCE** (`rpg_reinforce_hardclip_<div>`, SPEC D6; the authors' `rpg_rf_<div>` without
-  `clip_ppo`, script `rkl1e-4_rf`): `L = SG(w̄·A + C)·ℓ` for every token — truncated IS in both directions, no dual
-  clip, no flat regions.
+  (docs/losses.md#algorithm-2.) Its gradient equals dual-clip PPO on the detached `A'`
+  (docs/losses.md#equivalence-with-dual-clip-ppo). The loss *value* is a log-prob scaled by a weight: do not compare
+  `pg_loss` across families.
+* **Hard-clip REINFORCE** (`rpg_reinforce_hardclip_<div>`, docs/losses.md#hard-clip; the authors' `rpg_rf_<div>`
+  without `clip_ppo`, script `rkl1e-4_rf`): `L = SG(w̄·A + C)·ℓ` for every token — truncated IS in both directions,
+  no dual clip, no flat regions.
 
 Numerics: log-ratios are masked to 0 on padding (padding may hold NaN/inf garbage) and limited to ±LOG_RATIO_GUARD
 (exp(60) ≈ 1e26 is finite in fp32, and so are its products with log w); within the guard every formula is exact.
@@ -103,7 +105,8 @@ def masked_log_ratio(log_p: Tensor, log_q: Tensor, mask: Tensor) -> Tensor:
 def reference_ratio(
     old_log_prob: Tensor, ref_log_prob: Optional[Tensor], mask: Tensor
 ) -> tuple[Tensor | float, Tensor | float]:
-    """(log ρ, ρ) with ρ = π_ref/π_old, detached (SPEC §6.2); (0.0, 1.0) for the iterative reference."""
+    """(log ρ, ρ) with ρ = π_ref/π_old, detached (docs/losses.md#rho-weighting); (0.0, 1.0) for the iterative
+    reference."""
     if ref_log_prob is None:
         return 0.0, 1.0
     log_rho = masked_log_ratio(ref_log_prob.detach(), old_log_prob.detach(), mask)
@@ -147,10 +150,12 @@ def rpg_fully_differentiable(
     kl_placement: str = "additive",
     ref_log_prob: Optional[Tensor] = None,
 ) -> TokenLoss:
-    """RPG-<DIV>: fully differentiable surrogate with dual clip (Algorithm 1; SPEC §4.2.2 / §4.2.3).
+    """RPG-<DIV>: fully differentiable surrogate with dual clip (Algorithm 1; docs/losses.md#additive,
+    docs/losses.md#inside-clip).
 
     additive:    L = L_dualclip(w, SG(A)) + β·clamp?(D̂(w, ρ))
-    inside_clip: L = L_dualclip(w, Â),  Â = A − β·D̂(w, ρ)/w   (gradient flows through w and Â)
+    inside_clip: L = L_dualclip(w, Â),  Â = A − β·T(w, ρ)/w   (gradient flows through w and Â; T the Table 1/4
+                 loss, i.e. D̂ without URKL's added constant ρ)
 
     `kl_clamp` (authors' code: 10, all divergences but FKL) clamps D̂; None = paper.
     Shapes: all inputs (bs, T); `response_mask` bool. Every term is exactly 0 on padding (w = 1, A = 0, ρ = 1).
@@ -160,7 +165,8 @@ def rpg_fully_differentiable(
     w = torch.exp(log_w)
     log_rho, rho = reference_ratio(old_log_prob, ref_log_prob, mask)
     adv = torch.where(mask, advantages.detach(), 0.0)
-    surrogate = div.surrogate(log_w, w, log_rho, rho)
+    # inside_clip puts the Table 1/4 loss itself in Â: a constant in it would move Â, its clip branch and gradient
+    surrogate = (div.table_loss if kl_placement == "inside_clip" else div.surrogate)(log_w, w, log_rho, rho)
     if kl_clamp is not None and div.reference_clamps:
         surrogate = surrogate.clamp(-kl_clamp, kl_clamp)
     if kl_placement == "additive":
@@ -188,11 +194,13 @@ def rpg_reinforce(
     hard_clip: bool = False,
     ref_log_prob: Optional[Tensor] = None,
 ) -> TokenLoss:
-    """RPG-REINFORCE with RPG-Style Clip (Algorithm 2; SPEC §4.3.3), or the hard-clip variant (SPEC D6).
+    """RPG-REINFORCE with RPG-Style Clip (Algorithm 2; docs/losses.md#algorithm-2), or the hard-clip variant
+    (docs/losses.md#hard-clip).
 
     C = β·C_KL(w̄ or w, ρ) (Remark F.2: w̄ by default), A' = A + C/w, ℓ = −log π_θ;
     per-token loss `weight · ℓ` where the gradient flows only in the "grad" branches (table in the module doc).
-    `branch_on="advantage"` branches on sign(A) with A = 0 negative, as the authors' code does (SPEC D4b).
+    `branch_on="advantage"` branches on sign(A) with A = 0 negative, as the authors' code does
+    (docs/differences.md#d4, (b)).
     `hard_clip=True`: weight = w̄·A + C on every token, always with gradient.
     """
     mask = response_mask.bool()

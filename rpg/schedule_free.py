@@ -1,10 +1,10 @@
-"""Schedule-free AdamW for the RPG recipes, with one consistent parameter set per role (SPEC §7.5, §10.7, §11 D16).
+"""Schedule-free AdamW for the RPG recipes, with one consistent parameter set per role (docs/schedule-free.md).
 
 A schedule-free optimizer (`schedulefree.AdamWScheduleFree`, Defazio et al. 2024) keeps two parameter sets in the
 same tensors: the *iterate* y, at which gradients are taken (``optimizer.train()``), and the *average* x, the point
 that is meant to be evaluated and shipped (``optimizer.eval()``). The authors' code computes ``old_log_prob`` at x and
 the update at y, and samples rollouts and validation with whichever set was loaded last (y), so the PPO/RPG ratio
-``π_θ/π_old`` is not 1 on the first micro-batch and π_old is not the sampling policy (SPEC §11 D16). Here:
+``π_θ/π_old`` is not 1 on the first micro-batch and π_old is not the sampling policy (docs/differences.md#d16). Here:
 
 =============================================  ======  =============================================================
 what                                           set     where in verl 0.9.1

@@ -13,11 +13,14 @@
 #    mean@k next to the last in-training validation (fresh samples: they agree within the printed standard error).
 #
 # Knobs (environment): CPU_STEPS (default 50), CPU_TEST_FREQ (10), CPU_SEED (0), CPU_LR (1e-4), CPU_MINI_BATCH (8), DEMO_OUT
-# (artifacts/demo), DEMO_VAL_N (4 samples per validation prompt), DEMO_EVAL_K (rpg-evaluate's k, default DEMO_VAL_N).
+# (artifacts/demo), DEMO_VAL_N (4 samples per validation prompt), DEMO_EVAL_K (rpg-evaluate's k, default DEMO_VAL_N),
+# CPU_ROLLOUT (hf; vllm: verl's vLLM rollout, builds .venv-vllm first), CPU_DTYPE (fp32) and the other knobs of
+# recipe/rpg/cpu/profile.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash "$ROOT/scripts/setup_env.sh"
+if [[ "${CPU_ROLLOUT:-hf}" == vllm ]]; then bash "$ROOT/scripts/setup_env.sh" --vllm; fi  # verl's vLLM rollout
 PY="$ROOT/.venv/bin/python"
 
 export CPU_STEPS=${CPU_STEPS:-50} CPU_TEST_FREQ=${CPU_TEST_FREQ:-10} CPU_SEED=${CPU_SEED:-0}

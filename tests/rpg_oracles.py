@@ -1,4 +1,4 @@
-"""Independent oracles for the RPG math tests (exact enumeration on a small categorical policy, SPEC §13.3).
+"""Independent oracles for the RPG math tests (exact enumeration on a small categorical policy, docs/losses.md#tests).
 
 Nothing here imports the divergence table: the objectives J(θ) and the per-sample REINFORCE weights are written
 from the paper's propositions directly, so a wrong entry in `rpg.divergences` cannot agree with them by construction.
@@ -44,7 +44,7 @@ def true_gradient(div, theta, log_old, log_ref, adv, beta):
 
 def weight(div, log_w, adv, beta, log_rho=None):
     """Per-sample REINFORCE weight (gradient of J = E_old[Weight·∇log π_θ]), Props. E.1, 3.2, E.3, 3.6 with A for R,
-    generalised to a reference π_ref with ρ = π_ref/π_old (SPEC §6.2)."""
+    generalised to a reference π_ref with ρ = π_ref/π_old (docs/losses.md#rho-weighting)."""
     w = log_w.exp()
     log_rho = torch.zeros_like(log_w) if log_rho is None else log_rho
     rho = log_rho.exp()

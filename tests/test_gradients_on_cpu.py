@@ -1,4 +1,4 @@
-"""Exact-enumeration gradient tests of every RPG loss against the paper's closed-form gradients (SPEC §13.3).
+"""Exact-enumeration gradient tests of every RPG loss against the paper's closed-form gradients (docs/losses.md#tests).
 
 For each loss the autograd gradient of the per-token loss is compared with
   * per token:     ∇L_y = −Weight(y)·∇log π_θ(y)      (Weight from the propositions, tests/rpg_oracles.py)
@@ -82,7 +82,8 @@ def test_expected_gradient_equals_closed_form(div, family, mode, seed):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("div", DIVS)
 def test_per_token_gradient_equals_weight(div, family, mode):
-    """∇L_y = −Weight(y)·∇log π_θ(y) for every sample y, not only in expectation (SPEC §3.1 per-sample check)."""
+    """∇L_y = −Weight(y)·∇log π_θ(y) for every sample y, not only in expectation
+    (docs/losses.md#fully-differentiable-surrogates)."""
     assert per_token_error(family, div, 3, mode) < 1e-10
 
 
@@ -100,7 +101,7 @@ def test_paper_clips_in_trust_region_are_exact(div, family):
 
 def test_u_variants_are_control_variates_of_each_other():
     """UFKL≡FKL and URKL≡RKL in expectation (E_old[w∇log π] = 0) while their per-token gradients differ by β·w·∇log π
-    (SPEC §2.3) — in both families."""
+    (docs/losses.md#control-variates) — in both families."""
     theta, log_old, _, adv = make_problem(11, spread=0.8)
     w = (torch.log_softmax(theta, -1) - log_old).exp()
     glp = grad_log_pi(theta)
@@ -133,8 +134,9 @@ def test_hardclip_weight_is_truncated_is(div):
 
 
 def test_inside_clip_differs_from_the_papers_example_advantage():
-    """SPEC §4.2.3: the paper's example Â_URKL = A − β·log w inside Algorithm 1 yields the RKL estimator (an extra
-    +β·w·∇log π per sample), while our inside_clip Â = A − β(log w − 1) is the exact URKL one."""
+    """The paper's example Â_URKL = A − β·log w inside Algorithm 1 yields the RKL estimator (an extra +β·w·∇log π
+    per sample), while our inside_clip Â = A − β(log w − 1) is the exact URKL one
+    (docs/losses.md#paper-example-advantages)."""
     theta, log_old, _, adv = make_problem(2, spread=0.5)
     th = theta.clone().requires_grad_(True)
     log_w = torch.log_softmax(th, -1) - log_old
@@ -144,6 +146,35 @@ def test_inside_clip_differs_from_the_papers_example_advantage():
     exact = -weight("urkl", log_w_d, adv, BETA).unsqueeze(1) * grad_log_pi(theta)
     assert (g_paper - exact - BETA * log_w_d.exp().unsqueeze(1) * grad_log_pi(theta)).abs().max() < 1e-12
     assert per_token_error("fd_inside", "urkl", 2) < 1e-10
+
+
+# The per-token losses of the paper's Table 1 (UFKL, URKL) and Table 4 (FKL, RKL) at ρ ≡ 1, written out here
+# independently of rpg.divergences (whose surrogates may differ from them by constants).
+PAPER_TABLE_LOSS = {
+    "fkl": lambda lw, w: -lw,
+    "ufkl": lambda lw, w: w - lw - 1.0,
+    "rkl": lambda lw, w: w * lw,
+    "urkl": lambda lw, w: w * lw - w,
+}
+
+
+@pytest.mark.parametrize("div", DIVS)
+def test_inside_clip_is_literal_algorithm_1_with_the_table_loss_outside_the_trust_region(div):
+    """kl_placement=inside_clip is Algorithm 1 with the θ-dependent Â = A − β·T(w)/w, T the Table 1/4 loss, so that
+    −w·Â = −w·A + β·T(w) unclipped: dual clip on Â (−Â·min(w, 1+ε2) if Â ≥ 0, −Â·clip(w, 1−ε1, c) if Â < 0), values
+    and per-token gradients, with many ratios outside [1−ε1, 1+ε2]. A constant added to T leaves the unclipped
+    gradient unchanged but changes Â, the clip branch and the clipped gradient; this test pins the constant."""
+    theta, log_old, _, adv = make_problem(5, spread=1.5)
+    th = theta.clone().requires_grad_(True)
+    log_w = torch.log_softmax(th, -1) - log_old
+    w = log_w.exp()
+    assert ((w < 0.8) | (w > 1.28)).sum() >= 3
+    adv_hat = adv - BETA * PAPER_TABLE_LOSS[div](log_w, w) / w
+    positive = adv_hat.detach() >= 0
+    expected = torch.where(positive, -adv_hat * torch.clamp(w, max=1.28), -adv_hat * torch.clamp(w, 0.8, 10.0))
+    loss, th_l, _ = token_loss("fd_inside", div, theta, log_old, adv, clip=PAPER)
+    assert (loss.detach() - expected.detach()).abs().max() < 1e-12
+    assert (per_token_grads(loss, th_l) - per_token_grads(expected, th)).abs().max() < 1e-12
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -174,7 +205,8 @@ def test_checks_detect_a_perturbed_surrogate(div):
 @pytest.mark.parametrize("family", ["fd", "reinforce_raw"])
 @pytest.mark.parametrize("div", DIVS)
 def test_checks_detect_a_dropped_rho(div, family, monkeypatch):
-    """With a frozen reference, computing the KL as if ρ ≡ 1 (the authors' D10 mistake in spirit) is caught."""
+    """With a frozen reference, computing the KL as if ρ ≡ 1 (the authors' mistake in spirit,
+    docs/differences.md#d10) is caught."""
     assert expectation_error(family, div, 4, "frozen")[0] < 1e-10
     monkeypatch.setattr(L, "reference_ratio", lambda old, ref, mask: (0.0, 1.0))
     assert expectation_error(family, div, 4, "frozen")[0] > 1e-4

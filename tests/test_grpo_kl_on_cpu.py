@@ -1,4 +1,4 @@
-"""GRPO's KL estimator vs the importance-weighted correction `grpo_wk3` (paper §2.2/§5, SPEC §5.3, §13.3 item 5).
+"""GRPO's KL estimator vs the importance-weighted correction `grpo_wk3` (paper §2.2; docs/losses.md#grpo-kl, #tests).
 
 Exact enumeration on a 6-way softmax, float64, advantages 0 so that only the KL term is tested.
 """

@@ -37,7 +37,7 @@ def random_batch(seed=0, bs=8, T=12, spread=0.6, dtype=torch.float64):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Algorithm 2 branch table (SPEC §4.3.2)
+# Algorithm 2 branch table (docs/losses.md#algorithm-2)
 # ---------------------------------------------------------------------------------------------------------------
 CLIP = L.ClipParams(0.2, 0.28, 10.0)
 # ratios on both sides of 1−ε1, 1+ε2 and c, including the exact boundaries
@@ -121,7 +121,8 @@ def test_fd_with_zero_beta_is_verls_dual_clip_ppo(div):
 @pytest.mark.parametrize("div", DIVS)
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 def test_reinforce_has_the_gradient_of_dual_clip_ppo_on_the_effective_advantage(div, beta):
-    """SPEC §4.3.4: Algorithm 2 ≡ verl's dual-clip PPO with the detached A' = A + C/w (β = 0: plain PPO on A)."""
+    """Algorithm 2 ≡ verl's dual-clip PPO with the detached A' = A + C/w (β = 0: plain PPO on A);
+    docs/losses.md#equivalence-with-dual-clip-ppo."""
     old, log_prob, adv, mask = random_batch(2, spread=1.2)
     cfg = actor_config(f"rpg_reinforce_{div}", kl_coef=beta)
     _, grad, _ = _registered(f"rpg_reinforce_{div}", old, log_prob, adv, mask, cfg)
@@ -133,7 +134,8 @@ def test_reinforce_has_the_gradient_of_dual_clip_ppo_on_the_effective_advantage(
 
 @pytest.mark.parametrize("div", ["rkl", "ufkl", "urkl"])
 def test_kl_clamp_reproduces_the_authors_clamp(div):
-    """kl_clamp=10 zeroes the KL gradient where the surrogate saturates (SPEC D3); FKL is never clamped."""
+    """kl_clamp=10 zeroes the KL gradient where the surrogate saturates (docs/differences.md#d3); FKL is never
+    clamped."""
     old = torch.full((1, 2), -3.0, dtype=torch.float64)
     log_prob = (old + torch.tensor([[3.5, 0.1]], dtype=torch.float64)).requires_grad_(True)  # w ≈ 33 saturates
     mask = torch.ones_like(old, dtype=torch.bool)

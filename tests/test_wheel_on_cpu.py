@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import os
 import subprocess
 import sys
 import sysconfig
@@ -45,7 +46,14 @@ PROBE = textwrap.dedent(
 )
 
 
+def _fresh_env() -> dict[str, str]:
+    """This process's environment without what other tests in the session set for their in-process verl workers
+    (VERL_PLATFORM=cpu and friends): a fresh install must not depend on them."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
+
+
 def _run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
+    kwargs.setdefault("env", _fresh_env())
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600, **kwargs)
     assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc

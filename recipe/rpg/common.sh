@@ -21,14 +21,15 @@
 #   RPG_DRY_RUN=1 compose + validate the full config, print it as YAML and exit (no Ray, a few seconds)
 #   RPG_PROFILE   gpu (default: the paper's setup) | cpu (sources recipe/rpg/cpu/profile.sh: tiny CPU run)
 #   OPTIM         adamw (default) | schedulefree (sources recipe/rpg/optim/schedulefree.sh)
+#   THINKING      false (default) | true: Qwen3's thinking mode, Qwen3-4B scripts only (setup_qwen3_4b)
 #   RPG_PRINT_ARGV=1  print the final command and environment as JSON and exit (no Python; used by the tests)
 #   WANDB_MODE=offline  log to ./wandb without a network (then `wandb sync`); the logger is console + wandb
 #
-# Paper hyper-parameters (SPEC §7.5, §9.2): 512 prompts/step × 16 responses, mini-batch 32 prompts (16 optimizer
-# steps per step), token-mean loss, dual-clip c = 10, AdamW lr 1e-6 (wd 0.1, grad clip 1.0, 10 warm-up steps then
-# constant), temperature 1.0, 400 steps, validation mean@32 (n=1 sampled on 32×-duplicated files) every 10 steps,
-# DAPO reward manager (overlong buffer) + the reference's scorer (rpg.data.reward), DAPO dynamic sampling. The fixed
-# ones are in rpg/config/rpg_trainer.yaml; the lr, the context and the method are set below.
+# Paper hyper-parameters (paper App. H; docs/differences.md#s7-5): 512 prompts/step × 16 responses, mini-batch 32
+# prompts (16 optimizer steps per step), token-mean loss, dual-clip c = 10, AdamW lr 1e-6 (wd 0.1, grad clip 1.0, 10
+# warm-up steps then constant), temperature 1.0, 400 steps, validation mean@32 (n=1 sampled on 32×-duplicated files)
+# every 10 steps, DAPO reward manager (overlong buffer) + the reference's scorer (rpg.data.reward), DAPO dynamic
+# sampling. The fixed ones are in rpg/config/rpg_trainer.yaml; the lr, the context and the method are set below.
 set -euo pipefail
 
 RPG_RECIPE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -83,6 +84,8 @@ KL_LOSS_COEF=0.0
 DYNAMIC_SAMPLING=True   # DAPO group filtering on acc
 OVERLONG=True           # DAPO overlong penalty, buffer = response_length / 4 (512 at 2K, as the authors)
 VAL_SETS="aime-2024 aime-2025 amc-2023"
+ENABLE_THINKING=""      # Qwen3 chat template: data.apply_chat_template_kwargs.enable_thinking (setup_qwen3_4b sets it
+                        # from THINKING); empty: not passed, the model's template renders with its defaults
 RPG_SCRIPT_OVERRIDES=() # extra Hydra overrides of the script, placed after everything above
 
 RPG_DIVERGENCES="fkl rkl ufkl urkl"
@@ -94,16 +97,20 @@ _rpg_check_div() {
 # Setups (model, context, validation sets)
 # ---------------------------------------------------------------------------------------------------------------
 # setup_qwen3_4b CTX: the paper's main experiments (Qwen3-4B; Tables 3, 5, 6, 7). The paper does not say whether
-# the base or the post-trained checkpoint was used (SPEC §7.1); set MODEL_PATH to choose.
+# the base or the post-trained checkpoint was used (docs/differences.md#s7-1); set MODEL_PATH to choose.
+# THINKING=false|true (default false): Qwen3's chat template thinks unless enable_thinking=False; the paper does not
+# say which mode it used. Off by default: its mean response lengths stay far below the limit at every context
+# (about 1.1K of 2K, Fig. 6) and it compares with the non-thinking Qwen3-4B-Instruct (§5); docs/differences.md#d26.
 setup_qwen3_4b() {
   case "${1:-}" in 2|4|8) CTX=$1 ;; *) rpg_die "setup_qwen3_4b: context '${1:-}' is not valid; choose one of: 2 4 8" ;; esac
   MODEL_PATH=${MODEL_PATH:-Qwen/Qwen3-4B}
+  ENABLE_THINKING=${THINKING:-false}  # checked by rpg.launch (true or false)
   VAL_SETS="aime-2024 aime-2025 amc-2023"
   if [[ "$CTX" == 4 ]]; then VAL_SETS+=" minerva-math olympiadbench"; fi  # Table 7 is reported at 4K only
 }
 
-# setup_authors_7b math|instruct: the authors' published scripts (SPEC §9): Qwen2.5-Math-7B or Qwen2.5-7B-Instruct
-# (Table 8), 2K context, validation on AMC23, AIME24, AIME25.
+# setup_authors_7b math|instruct: the authors' published scripts (docs/differences.md#authors-scripts): Qwen2.5-Math-7B
+# or Qwen2.5-7B-Instruct (Table 8), 2K context, validation on AMC23, AIME24, AIME25.
 setup_authors_7b() {
   case "${1:-}" in
     math) MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-Math-7B} ;;
@@ -115,13 +122,13 @@ setup_authors_7b() {
 }
 
 # ---------------------------------------------------------------------------------------------------------------
-# Family presets (SPEC §9.3 family summary; paper §5)
+# Family presets (docs/differences.md#authors-scripts family table; paper §5)
 # ---------------------------------------------------------------------------------------------------------------
 # DAPO: GRPO advantages, clip-higher (0.2, 0.28), dynamic sampling, overlong penalty, no KL.
 preset_dapo() { ADV_ESTIMATOR=grpo; LOSS_MODE=vanilla; CLIP_LOW=0.2; CLIP_HIGH=0.28; USE_KL_LOSS=False; }
 
 # GRPO: GRPO advantages + k3 (low_var_kl) KL loss, β = 1e-3, against the frozen initial model; clip (0.2, 0.2)
-# (paper §5 and the scripts; App. H says (0.1, 0.1), SPEC D13); no overlong penalty, no dynamic sampling.
+# (paper §5 and the scripts; App. H says (0.1, 0.1), docs/differences.md#d13); no overlong penalty, no dynamic sampling.
 preset_grpo() {
   ADV_ESTIMATOR=grpo; LOSS_MODE=vanilla; CLIP_LOW=0.2; CLIP_HIGH=0.2
   USE_KL_LOSS=True; KL_LOSS_TYPE=low_var_kl; KL_LOSS_COEF=1e-3
@@ -129,22 +136,23 @@ preset_grpo() {
 }
 
 # REINFORCE++ (-Baseline): verl's estimators + a k1 ("kl") KL loss, β = 1e-4. The authors' k1 was taken against
-# π_old (iterative reference, SPEC D21); verl 0.9.1's KL loss always uses its frozen reference model, so here the
-# k1 term is against the initial model. At β = 1e-4 either term is tiny; this is the one deviation of the baselines.
+# π_old (iterative reference); verl 0.9.1's KL loss always uses its frozen reference model, so here the k1 term is
+# against the initial model. The gradient is the same (neither reference term depends on θ); only the logged KL and
+# the cost of the reference model differ (docs/differences.md#d21).
 preset_reinforce_pp() {
   ADV_ESTIMATOR=reinforce_plus_plus; LOSS_MODE=vanilla; CLIP_LOW=0.2; CLIP_HIGH=0.28
   USE_KL_LOSS=True; KL_LOSS_TYPE=kl; KL_LOSS_COEF=1e-4
 }
 preset_reinforce_pp_baseline() { preset_reinforce_pp; ADV_ESTIMATOR=reinforce_plus_plus_baseline; }
 
-# RPG-<DIV> (fully differentiable, Algorithm 1 with the authors' additive KL; SPEC §4.2): preset_rpg DIV [β]
-# (β omitted: RPGPolicyLossConfig's default)
+# RPG-<DIV> (fully differentiable, Algorithm 1 with the authors' additive KL, docs/losses.md#additive):
+# preset_rpg DIV [β] (β omitted: RPGPolicyLossConfig's default)
 preset_rpg() { _rpg_check_div "${1:-}"; ADV_ESTIMATOR=rpg; LOSS_MODE="rpg_$1"; KL_COEF=${2:-}; }
 
-# RPG-REINFORCE-<DIV> with RPG-Style Clip (Algorithm 2; SPEC §4.3): preset_rpg_reinforce DIV [β]
+# RPG-REINFORCE-<DIV> with RPG-Style Clip (Algorithm 2; docs/losses.md#algorithm-2): preset_rpg_reinforce DIV [β]
 preset_rpg_reinforce() { _rpg_check_div "${1:-}"; ADV_ESTIMATOR=rpg; LOSS_MODE="rpg_reinforce_$1"; KL_COEF=${2:-}; }
 
-# The authors' non-dual-clip REINFORCE (`rpg_rf_<div>`: truncated importance weight, SPEC D6): DIV [β]
+# The authors' non-dual-clip REINFORCE (`rpg_rf_<div>`: truncated importance weight, docs/differences.md#d6): DIV [β]
 preset_rpg_reinforce_hardclip() {
   _rpg_check_div "${1:-}"; ADV_ESTIMATOR=rpg; LOSS_MODE="rpg_reinforce_hardclip_$1"; KL_COEF=${2:-}
 }
@@ -199,10 +207,14 @@ rpg_run() {
     for v in $VAL_SETS; do test_files+="${test_files:+$'\n'}$DATA_DIR/$v.parquet"; done
   fi
   local optim=${OPTIM:-adamw}
+  if [[ -n "${THINKING:-}" && -z "$ENABLE_THINKING" ]]; then
+    rpg_die "THINKING='$THINKING' is a knob of the Qwen3-4B scripts only (setup_qwen3_4b); unset it for this \
+script (for another model with a thinking mode: the override +data.apply_chat_template_kwargs.enable_thinking=true)"
+  fi
 
   # Everything fixed is in rpg/config/rpg_trainer.yaml; these are the knobs and what is computed from them.
   local -a common=(
-    # data (SPEC §7.2, §7.5): files, context length
+    # data (docs/differences.md#s7-2, #s7-5): files, context length
     "data.train_files=$(_rpg_hydra_files "$TRAIN_FILE")"
     "data.val_files=$(_rpg_hydra_files "$test_files")"
     "data.max_prompt_length=$prompt_len"
@@ -217,13 +229,13 @@ rpg_run() {
     "actor_rollout_ref.actor.kl_loss_type=$KL_LOSS_TYPE"
     "actor_rollout_ref.actor.kl_loss_coef=$KL_LOSS_COEF"
     "actor_rollout_ref.actor.optim.lr=$LR"
-    # token budgets of the dynamic batch size and of vLLM's batches, from the context length (SPEC §7.1, §7.5)
+    # token budgets of the dynamic batch size and of vLLM's batches, from the context length (docs/differences.md#d14)
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$token_len"
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$token_len"
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$token_len"
     "actor_rollout_ref.model.path=$(_rpg_hydra_str "$model_path")"
     "actor_rollout_ref.rollout.max_num_batched_tokens=$((prompt_len + response_len))"
-    # DAPO overlong penalty (SPEC §7.4 step 3): on/off, buffer = the last quarter of the response
+    # DAPO overlong penalty (docs/differences.md#s7-4): on/off, buffer = the last quarter of the response
     "reward.reward_kwargs.overlong_buffer_cfg.enable=$OVERLONG"
     "reward.reward_kwargs.overlong_buffer_cfg.len=$((response_len / 4))"
     # names and cluster
@@ -233,6 +245,8 @@ rpg_run() {
     "trainer.n_gpus_per_node=$N_GPUS"
     "trainer.default_local_dir=$(_rpg_hydra_str "$ckpts_dir")"
   )
+  # chat template of training and validation prompts (verl's dataset and agent loop both read this key)
+  [[ -z "$ENABLE_THINKING" ]] || common+=("+data.apply_chat_template_kwargs.enable_thinking=$ENABLE_THINKING")
   if [[ "$LOSS_MODE" == rpg_* || "$LOSS_MODE" == grpo_wk3 ]]; then
     common+=(actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig)
     # RPGPolicyLossConfig fields (new to verl's yaml: `+`), only when set: the defaults live in rpg/config.py

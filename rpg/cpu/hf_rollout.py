@@ -2,7 +2,7 @@
 a plain transformers causal LM, micro-batched, seedable, and fed the actor's weights after every update.
 
 verl 0.9.1 only ships server rollouts for vLLM/SGLang/TRT-LLM (GPU). This module plugs a CPU one in through verl's
-own extension points (cpu-rollout.md §1.4), nothing else:
+own extension points (docs/cpu.md#hf-rollout), nothing else:
 
 * ``verl.workers.rollout.replica.RolloutReplicaRegistry.register("hf", ...)`` -> `HFReplica` (trainer process): starts
   one `HFRolloutServer` Ray actor per replica (``launch_servers``).
@@ -32,7 +32,7 @@ Semantics (mirrors verl's vLLM server so the trainer cannot tell the difference)
   they receive the same n samples whatever their arrival order, but which copy gets which sample follows arrival
   order, so the CPU sampler (`rpg.cpu.sampler`) orders each group's samples by content.
 
-Micro-batching (cpu-rl-demo.md §7): requests that arrive within ``RPG_HF_ROLLOUT_BATCH_WINDOW`` seconds (default
+Micro-batching (docs/cpu.md#hf-rollout): requests that arrive within ``RPG_HF_ROLLOUT_BATCH_WINDOW`` seconds (default
 0.02) are left-padded and decoded together (one KV-cached forward per new token for the whole batch), grouped by
 (temperature, top_p, top_k); rows stop individually. ``RPG_HF_ROLLOUT_MAX_BATCH`` (default 256) caps a batch and
 ``RPG_HF_ROLLOUT_THREADS`` (default 1) sets the server's torch threads.

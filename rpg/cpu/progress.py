@@ -4,7 +4,7 @@ verl's console output on CPU is dominated by Ray/TransferQueue warnings; each tr
 ``step:N - key:value - ...`` line (``verl.utils.logger.LocalLogger``). This filter copies everything to LOG and prints
 one short line per step (training accuracy, validation accuracy when there was a validation, seconds per step),
 plus any line that looks like an error, so a person can watch a demo run. Training accuracy is
-``(critic/score/mean + 1) / 2`` for the ±1 math_dapo score (cpu-rl-demo.md §1).
+``(critic/score/mean + 1) / 2`` for the ±1 math_dapo score (docs/cpu.md#progress).
 """
 
 from __future__ import annotations

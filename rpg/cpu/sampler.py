@@ -2,7 +2,7 @@
 
 verl 0.9.1's sync v1 trainer samples through `ReplayBuffer`, which sleeps a hard-coded ``poll_interval=2.0`` s
 between polls of TransferQueue (`verl/trainer/ppo/v1/replay_buffer.py`). On a tiny CPU model that sleep is most of
-a step (cpu-rollout.md §6). verl's own hook for a different sampler is ``trainer.v1.sampler.custom_sampler``; a
+a step (docs/cpu.md#sampler). verl's own hook for a different sampler is ``trainer.v1.sampler.custom_sampler``; a
 custom sampler receives only ``trainer.v1.sampler.sampler_kwargs`` (free-form) and not DAPO's group-filter settings,
 so this class reads them from there. The CPU profile wires them by Hydra interpolation, so they always equal the
 trainer's own settings::

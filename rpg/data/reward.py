@@ -1,7 +1,7 @@
-"""The reference's per-response score (SPEC §7.4 step 2), built from verl 0.9.1's own scorers.
+"""The reference's per-response score (docs/differences.md#s7-4), built from verl 0.9.1's own scorers.
 
 Use it as verl's custom score function together with verl's ``dapo`` reward manager (which adds the
-overlong penalty, SPEC §7.4 step 3, and places the reward on the last valid token, step 4)::
+overlong penalty, docs/differences.md#s7-4, and places the reward on the last valid token, step 4)::
 
     reward.reward_manager.name=dapo
     reward.custom_reward_function.path=pkg://rpg.data.reward
@@ -19,7 +19,7 @@ Why verl's ``default_compute_score`` alone is not enough (checked in verl 0.9.1,
    sources would fail. Here every source returns the same keys ``score, acc, pred``.
 3. verl 0.9.1's ``math_dapo.compute_score`` falls back to the last ``\\boxed{}`` when the response has no
    ``Answer:`` line. The reference extracts only the last ``Answer: ...`` line (Minerva criterion) from
-   the last 300 characters; a response with only ``\\boxed{..}`` scores -1 there (SPEC §12.2). The
+   the last 300 characters; a response with only ``\\boxed{..}`` scores -1 there (docs/differences.md#s7-4). The
    ``math_dapo`` scorer below therefore calls verl's ``is_correct_minerva`` directly.
 
 Every other ``data_source`` is delegated unchanged to verl's ``default_compute_score``.
@@ -42,14 +42,14 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-#: Characters of the response tail the reference's math_dapo scorer looks at (SPEC §7.4).
+#: Characters of the response tail the reference's math_dapo scorer looks at (docs/differences.md#s7-4).
 MATH_DAPO_TAIL_CHARS = 300
 
-#: ``data_source`` values the reference scores with math_dapo: exact names and name prefixes (SPEC §7.4).
+#: ``data_source`` values the reference scores with math_dapo: exact names and name prefixes (docs/differences.md#s7-4).
 MATH_DAPO_SOURCES = frozenset({"math_dapo"})
 MATH_DAPO_PREFIXES = ("aime", "amc")
 
-#: ``data_source`` values the reference scores with Math-Verify (SPEC §7.4).
+#: ``data_source`` values the reference scores with Math-Verify (docs/differences.md#s7-4).
 MATH_VERIFY_SOURCES = frozenset(
     {"lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "math_500", "minerva-math", "olympiadbench"}
 )
@@ -58,7 +58,7 @@ ScoreDict = dict[str, Any]
 
 
 def math_dapo_score(solution_str: str, ground_truth: str) -> ScoreDict:
-    """Reference math_dapo scoring (SPEC §7.4): last ``Answer: ...`` line in the last 300 characters,
+    """Reference math_dapo scoring (docs/differences.md#s7-4): last ``Answer: ...`` line in the last 300 characters,
     Minerva normalisation of prediction and ground truth, exact string match.
 
     Returns ``{"score": +1.0 | -1.0, "acc": bool, "pred": normalised prediction or "[INVALID]"}``.
@@ -70,8 +70,8 @@ def math_dapo_score(solution_str: str, ground_truth: str) -> ScoreDict:
 
 
 def math_verify_score(solution_str: str, ground_truth: str) -> ScoreDict:
-    """Reference Math-Verify scoring (SPEC §7.4): gold wrapped as ``\\boxed{gt}``, verified by Math-Verify
-    (verl's ``math_verify.compute_score``, which runs it in a subprocess pool with a timeout; a timeout
+    """Reference Math-Verify scoring (docs/differences.md#s7-4): gold wrapped as ``\\boxed{gt}``, verified by
+    Math-Verify (verl's ``math_verify.compute_score``, which runs it in a subprocess pool with a timeout; a timeout
     counts as wrong). Score is +1/-1, ``acc`` the boolean verdict.
 
     ``pred`` is the content of the response's last ``\\boxed{}`` (or ``"[INVALID]"``): only a voting key
@@ -166,7 +166,7 @@ def has_scorer(data_source: Any) -> bool:
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any):
     """verl custom-reward-function signature (``reward.custom_reward_function``).
 
-    Routes ``data_source`` as the reference does (SPEC §7.4); unknown sources go to verl's
+    Routes ``data_source`` as the reference does (docs/differences.md#s7-4); unknown sources go to verl's
     ``default_compute_score`` (which raises ``NotImplementedError`` naming the source if verl cannot
     score it either) with the ground truth unchanged. The scorers owned here read the ground truth through
     ``ground_truth_text`` (numbers and one-element lists are scored; see the module docstring).

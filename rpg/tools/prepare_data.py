@@ -1,10 +1,10 @@
-"""Build the RPG training and evaluation parquet files in verl's RL schema (SPEC §7.2, §12).
+"""Build the RPG training and evaluation parquet files in verl's RL schema (docs/differences.md#s7-2).
 
 Every output row is ::
 
     data_source   str    scorer key: "math_dapo" (DAPO train, AIME 2024), "aime2025", "amc_23",
-                         "minerva-math", "olympiadbench" (SPEC §12.1; score them with rpg.data.reward)
-    prompt        list   [{"content": PRE + question + POST, "role": "user"}]   (SPEC §7.3 / §12.2)
+                         "minerva-math", "olympiadbench" (docs/differences.md#s7-2; score them with rpg.data.reward)
+    prompt        list   [{"content": PRE + question + POST, "role": "user"}]   (docs/differences.md#s7-3)
     ability       str    "MATH"
     reward_model  dict   {"ground_truth": answer string, "style": "rule-lighteval/MATH_v2"}
     extra_info    dict   {"index": int, "raw_problem": question, "split": None}
@@ -12,7 +12,7 @@ Every output row is ::
 Training set: rows de-duplicated on (question, answer) (the original DAPO-Math-17k repeats every prompt
 ~100x), non-English rows removed, ``extra_info.index`` = row number. Evaluation sets: de-duplicated, then
 every problem repeated k times (default 32, problem-major order) with ``extra_info.index`` = repeat index
-0..k-1, for mean@k with ``val_kwargs.n=1`` (SPEC §7.6).
+0..k-1, for mean@k with ``val_kwargs.n=1`` (docs/differences.md#s7-6).
 
 Note on verl 0.9.1: validation groups responses by a fresh uid per *row*, so with k-times repeated files
 the metric is named ``val-core/<source>/acc/mean@1`` -- its value is exactly the paper's mean@k (every
@@ -67,7 +67,7 @@ from typing import Any
 
 from rpg.atomic import atomic_path, sigterm_exits
 
-#: Prompt template, byte-exact (SPEC §7.3 / §12.2). ``$Answer`` is literal text.
+#: Prompt template, byte-exact (docs/differences.md#s7-3). ``$Answer`` is literal text.
 PRE = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
@@ -97,7 +97,7 @@ class DatasetSpec:
 
 
 #: Default hub ids (override with --hub-id/--hub-config/--hub-split). The DAPO/AIME-2024 ids are the ones
-#: the reference downloads (SPEC §7.2); the others are standard hub copies of the benchmarks.
+#: the reference downloads (docs/differences.md#s7-2); the others are standard hub copies of the benchmarks.
 DATASETS: dict[str, DatasetSpec] = {
     "dapo-math-17k-eng": DatasetSpec("math-dataset/DAPO-17k-Eng", "data/dapo-math-17k-eng.parquet", "math_dapo", True),
     "dapo-math-17k": DatasetSpec(
@@ -289,7 +289,7 @@ def is_english(text: str) -> bool:
 
 
 def make_row(question: str, answer: str, data_source: str, index: int) -> dict[str, Any]:
-    """One verl RL row (SPEC §12.1) with the byte-exact prompt template (SPEC §12.2)."""
+    """One verl RL row (docs/differences.md#s7-2) with the byte-exact prompt template (docs/differences.md#s7-3)."""
     return {
         "data_source": data_source,
         "prompt": [{"content": PRE + question + POST, "role": "user"}],
@@ -366,7 +366,7 @@ def write_parquet(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
 
 def check_data_source(data_source: str) -> None:
     """Fail early if neither ``rpg.data.reward`` nor verl's ``default_compute_score`` can score the source
-    (SPEC D17: e.g. ``math-dapo`` with a hyphen)."""
+    (docs/differences.md#d17: e.g. ``math-dapo`` with a hyphen)."""
     from rpg.data.reward import MATH_DAPO_PREFIXES, MATH_DAPO_SOURCES, MATH_VERIFY_SOURCES, scorer_for
 
     if scorer_for(data_source) is not None:

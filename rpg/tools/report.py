@@ -26,7 +26,7 @@ Outputs in ``--out`` (written atomically):
   ``Best`` (maximum over evaluations) and the step of the Best (earliest on ties) of
   ``<metric-prefix>/<source>/acc/mean@<k>``. ``--k auto`` takes the largest k present per source: with
   the k-times repeated eval files of ``rpg.tools.prepare_data`` verl 0.9.1 names the metric ``mean@1`` (its
-  value is the mean@k of the paper, SPEC §7.6); with ``val_kwargs.n=k`` it is ``mean@k``.
+  value is the mean@k of the paper, docs/differences.md#s7-6); with ``val_kwargs.n=k`` it is ``mean@k``.
 * ``curves.png``: one panel per data source (accuracy), then reward (``critic/score/mean``, falling back
   to ``critic/rewards/mean``), entropy (``actor/entropy``) and response length
   (``response_length/mean``) against step, one line per run; 4 panels per row, 400x300 px each.
@@ -341,7 +341,7 @@ def accuracy_metrics(run: Run, prefix: str, k: int | None) -> dict[str, str]:
 
 
 def last_best(series: Sequence[tuple[int, float]], metric: str) -> Cell:
-    """Last = value at the last step; Best = maximum, at its earliest step (SPEC §7.6)."""
+    """Last = value at the last step; Best = maximum, at its earliest step (docs/differences.md#s7-6)."""
     last_step, last = series[-1]
     best_step, best = max(series, key=lambda sv: (sv[1], -sv[0]))
     return Cell(metric, last, last_step, best, best_step)

@@ -1,6 +1,6 @@
 """Build the offline tiny model and toy task for CPU runs of the real verl trainer (demo, e2e test).
 
-Everything is made locally, nothing is downloaded (design and measurements: shared notes tiny-model.md):
+Everything is made locally, nothing is downloaded (docs/cpu.md#tiny-model):
 
 * task: column-addition chain of thought for ``a + b`` with 10 <= a, b <= 999, answered on a last line
   ``Answer: N`` (the format verl's ``math_dapo`` scorer extracts: last ``Answer:`` match wins), e.g.::

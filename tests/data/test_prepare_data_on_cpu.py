@@ -1,5 +1,5 @@
-"""rpg.tools.prepare_data: schema and byte-exact template (SPEC §12), k-repetition, dedup, English filter,
-malformed input, atomic and re-runnable writes."""
+"""rpg.tools.prepare_data: schema and byte-exact template (docs/differences.md#s7-2, #s7-3), k-repetition, dedup,
+English filter, malformed input, atomic and re-runnable writes."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_ambiguous_and_invalid_inputs(prepare_data, tmp_path):
     with pytest.raises(prepare_data.DataError, match="unknown dataset 'aime24'; valid: dapo-math-17k-eng"):
         prepare_data.prepare("aime24", source=str(src))
     with pytest.raises(prepare_data.DataError, match="math-dapo.*valid choices include: .*math_dapo"):
-        prepare_data.prepare("aime-2024", source=str(src), data_source="math-dapo")  # SPEC D17
+        prepare_data.prepare("aime-2024", source=str(src), data_source="math-dapo")  # docs/differences.md#d17
 
 
 def test_training_set_dedup_english_filter_and_verl_schema_input(prepare_data, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""What verl's trainer can hand `rpg.data.reward.compute_score`, and what it does with it (issue 11).
+"""What verl's trainer can hand `rpg.data.reward.compute_score`, and what it does with it.
 
 verl 0.9.1 reads each parquet row with Hugging Face `datasets` (`RLHFDataset.__getitem__`: Python values as the
 column type gives them), collates them into numpy object arrays (`collate_fn`), and the reward manager passes

@@ -1,4 +1,4 @@
-"""verl 0.9.1's reward machinery vs the reference reward semantics (SPEC §7.4, §7.6, §12.2).
+"""verl 0.9.1's reward machinery vs the reference reward semantics (docs/differences.md#s7-4, #s7-6).
 
 What is checked, and against what:
 * the score: +1/-1 with a boolean ``acc`` and the normalised ``pred`` (verl's math_dapo scorer);
@@ -42,7 +42,7 @@ def test_verl_routes_math_dapo_sources_with_reference_score(data_source):
 
 @pytest.mark.parametrize("data_source", ["amc_23", "minerva-math", "olympiadbench", "math-dapo"])
 def test_verl_default_cannot_score_these_sources(data_source):
-    """The gap rpg.data.reward fills (SPEC D17 for the hyphenated name)."""
+    """The gap rpg.data.reward fills (docs/differences.md#d17 for the hyphenated name)."""
     with pytest.raises(NotImplementedError, match=data_source):
         default_compute_score(data_source, RIGHT, "42")
 
@@ -73,7 +73,7 @@ def test_math_dapo_normalisation_same_in_verl_and_rpg(response, truth, expected_
 
 def test_boxed_only_response_is_the_one_divergence():
     """verl 0.9.1 falls back to the last \\boxed{} when there is no Answer line; the reference does not
-    (SPEC §12.2). rpg.data.reward keeps the reference behaviour."""
+    (docs/differences.md#s7-4). rpg.data.reward keeps the reference behaviour."""
     response = "so the result is \\boxed{42}"
     assert default_compute_score("math_dapo", response, "42")["acc"] is True
     assert rpg_reward.compute_score("math_dapo", response, "42") == {"score": -1.0, "acc": False, "pred": "[INVALID]"}
@@ -108,7 +108,7 @@ FACTOR = 0.5
 
 
 def reference_overlong_penalty(length: int) -> float:
-    """SPEC §7.4 step 3, written independently of verl."""
+    """The DAPO overlong penalty (docs/differences.md#s7-4), written independently of verl."""
     return min(-(length - (MAX_RESP - BUFFER)) / BUFFER * FACTOR, 0.0)
 
 
@@ -199,7 +199,7 @@ def test_dapo_manager_decodes_without_special_tokens(dapo_manager, tiny_tokenize
 
 def test_validation_mean_over_repeated_rows_is_mean_at_k():
     """verl 0.9.1 gives every validation row its own uid, so a k-times repeated file yields
-    ``acc/mean@1`` -- numerically the paper's mean@k (SPEC §7.6): average over problems of the mean
+    ``acc/mean@1`` -- numerically the paper's mean@k (docs/differences.md#s7-6): average over problems of the mean
     over their k samples."""
     from verl.trainer.ppo.metric_utils import process_validation_metrics
 

@@ -1,5 +1,6 @@
-"""Bad launch inputs are refused before Ray starts (issue 11): local paths, context length, run names, data sources and
-ground truths, and path knobs that carry spaces or shell/Hydra metacharacters through `recipe/rpg/common.sh`.
+"""Bad launch inputs are refused before Ray starts (README, "Checked before launch"): local paths, context length, run
+names, data sources and ground truths, and path knobs that carry spaces or shell/Hydra metacharacters through
+`recipe/rpg/common.sh`.
 
 Path problems (a local path that does not exist) are reported by a dry run and refused by a real launch; every other
 problem here is refused by both. Rules are tested on the config one recipe script composes (print mode + in-process

@@ -113,7 +113,8 @@ def test_reset_even_when_the_loss_raises(probe):
 
 
 def test_kl_meter_matches_the_formula(probe):
-    """The KL the periodic schedule measures inside ppo_loss: token mean of w·k3(π_ref/π_θ) (SPEC §5.3)."""
+    """The KL the periodic schedule measures inside ppo_loss: token mean of w·k3(π_ref/π_θ) (paper §2.2;
+    docs/losses.md#grpo-kl)."""
     td, flat_lp, ref, mask = make_data("padded")
     reference.adapter.KL_METER.start()
     losses.ppo_loss(actor_config(True), {"log_probs": flat_lp}, td)

@@ -2,7 +2,7 @@
 RPG-REINFORCE-URKL on the tiny model (recipe/rpg/cpu/run_rpg_reinforce_urkl.sh) with validation before training and
 after step 2 and a checkpoint (with the HF export) at step 2. Two mini-batches per step, so x ≠ y from step 2 on.
 
-Checks (rpg/schedule_free.py; SPEC §11 D16):
+Checks (rpg/schedule_free.py; docs/differences.md#d16):
 * rollouts and π_old are the same iterate y: `training/rollout_probs_diff_mean` ≈ 0 at both steps (the rollout's
   log-probs of the sampled tokens vs the actor's old_log_prob; the authors' x-vs-y mix makes this large at step 2);
 * validation ran with the average x: the rollout server received the weights three times at step 2 (after the

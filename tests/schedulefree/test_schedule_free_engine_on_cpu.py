@@ -1,5 +1,6 @@
 """verl's real actor engine (FSDP2 on CPU, in-process) with schedule-free AdamW: parameter sets per role, exact ratio 1,
-the validation switch and the checkpoint round-trip (rpg/schedule_free.py; SPEC §10.7, §11 D16).
+the validation switch and the checkpoint round-trip (rpg/schedule_free.py; docs/schedule-free.md;
+docs/differences.md#d16).
 
 One module-scoped worker walks through a schedule like the sync trainer's; each test checks one property.
 A spy policy loss (registered here as "sf_spy") records the per-token ratio log π_θ − log π_old of every micro-batch.

@@ -39,7 +39,7 @@ def _printed(script: Path) -> dict:
 
 
 def test_the_authors_schedule_free_scripts_exist():
-    assert len([p for p in SF_SCRIPTS if p.parent.name == "7b"]) == 30  # SPEC §9.3: 30 of the 60 scripts
+    assert len([p for p in SF_SCRIPTS if p.parent.name == "7b"]) == 30  # 30 of docs/differences.md#authors-scripts
 
 
 @pytest.mark.parametrize("script", SF_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")

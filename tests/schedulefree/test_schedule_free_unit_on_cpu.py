@@ -244,7 +244,8 @@ def test_check_config_refuses_inconsistent_settings(overrides, message):
 
 
 def test_verl_build_optimizer_gives_the_recipe_hyperparameters():
-    """verl's own builder (optimizer_impl + optimizer) passes lr, weight_decay and betas (SPEC §7.5)."""
+    """verl's own builder (optimizer_impl + optimizer) passes lr, weight_decay and betas
+    (docs/schedule-free.md#settings)."""
     import schedulefree
     from verl.workers.config.optimizer import FSDPOptimizerConfig, build_optimizer
 

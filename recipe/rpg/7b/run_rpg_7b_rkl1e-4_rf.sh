@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # RPG-REINFORCE-RKL, hard clip, no dual clip (the authors' `rpg_rf_rkl`) — Qwen2.5-Math-7B, 2K context.
-# The authors' script #29 (SPEC §9.3); not reported in the paper.
-# SPEC §11 D6. The authors passed this KL through verl's in-reward path, which trained with a length
-# penalty of −1e-4 per token instead of the RKL estimator (SPEC D2); here the KL is in the loss.
+# The authors' script #29 (docs/differences.md#authors-scripts); not reported in the paper.
+# Hard clip: docs/differences.md#d6. The authors passed this KL through verl's in-reward path, which trained with a
+# length penalty of −1e-4 per token instead of the RKL estimator (docs/differences.md#d2); here the KL is in the loss.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 setup_authors_7b math
 preset_rpg_reinforce_hardclip rkl 1e-4
-LR=5e-7   # the authors' REINFORCE scripts (SPEC §7.5)
+LR=5e-7   # the authors' REINFORCE scripts (docs/differences.md#d14)
 rpg_run "$@"

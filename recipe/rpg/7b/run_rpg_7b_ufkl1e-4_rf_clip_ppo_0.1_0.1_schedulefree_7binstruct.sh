@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # RPG-REINFORCE-UFKL (Algorithm 2, RPG-Style Clip) — Qwen2.5-7B-Instruct, 2K context, schedule-free AdamW.
-# The authors' script #44 (SPEC §9.3); not reported in the paper.
-# The authors' run had β = 0 in effect (Algorithm 2 was never called, SPEC §11 D1); this runs
+# The authors' script #44 (docs/differences.md#authors-scripts); not reported in the paper.
+# The authors' run had β = 0 in effect (Algorithm 2 was never called, docs/differences.md#d1); this runs
 # Algorithm 2 with the stated β = 1e-4, as the paper describes.
 # Clip (0.1, 0.1): the clip ablation of Fig. 8 (the paper shows it for Qwen3-4B).
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 setup_authors_7b instruct
 preset_rpg_reinforce ufkl 1e-4
 clip 0.1 0.1
-LR=5e-7; TOKEN_LEN_FACTOR=4   # the authors' REINFORCE scripts (SPEC §7.5)
+LR=5e-7; TOKEN_LEN_FACTOR=4   # the authors' REINFORCE scripts (docs/differences.md#d14)
 OPTIM=schedulefree
 rpg_run "$@"

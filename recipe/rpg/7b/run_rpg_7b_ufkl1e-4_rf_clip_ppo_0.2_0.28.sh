@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # RPG-REINFORCE-UFKL (Algorithm 2, RPG-Style Clip) — Qwen2.5-Math-7B, 2K context.
-# The authors' script #45 (SPEC §9.3); not reported in the paper.
-# The authors' run had β = 0 in effect (Algorithm 2 was never called, SPEC §11 D1); this runs
+# The authors' script #45 (docs/differences.md#authors-scripts); not reported in the paper.
+# The authors' run had β = 0 in effect (Algorithm 2 was never called, docs/differences.md#d1); this runs
 # Algorithm 2 with the stated β = 1e-4, as the paper describes.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 setup_authors_7b math
 preset_rpg_reinforce ufkl 1e-4
-LR=5e-7; TOKEN_LEN_FACTOR=4   # the authors' REINFORCE scripts (SPEC §7.5)
+LR=5e-7; TOKEN_LEN_FACTOR=4   # the authors' REINFORCE scripts (docs/differences.md#d14)
 rpg_run "$@"

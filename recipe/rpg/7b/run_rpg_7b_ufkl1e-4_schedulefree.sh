@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # RPG-UFKL (fully differentiable, RPG-Style Clip) — Qwen2.5-Math-7B, 2K context, schedule-free AdamW.
-# The authors' script #49 (SPEC §9.3); not reported in the paper.
+# The authors' script #49 (docs/differences.md#authors-scripts); not reported in the paper.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 setup_authors_7b math
 preset_rpg ufkl 1e-4

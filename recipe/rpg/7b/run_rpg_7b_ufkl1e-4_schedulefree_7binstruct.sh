@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # RPG-UFKL (fully differentiable, RPG-Style Clip) — Qwen2.5-7B-Instruct, 2K context, schedule-free AdamW.
-# The authors' script #50 (SPEC §9.3); not reported in the paper.
+# The authors' script #50 (docs/differences.md#authors-scripts); not reported in the paper.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 setup_authors_7b instruct
 preset_rpg ufkl 1e-4

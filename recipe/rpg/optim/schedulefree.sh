@@ -3,10 +3,10 @@
 #
 # verl builds the optimizer from `optim.optimizer_impl` + `optim.optimizer` with common.sh's lr, weight_decay=0.1 and
 # betas (0.9, 0.999); warm-up stays verl's LambdaLR (lr_warmup_steps=10, constant), AdamWScheduleFree's own
-# warmup_steps keeps its default 0 — as in the authors' scripts (SPEC §7.5, §10.7).
-# The trainer `schedule_free_sync` (verl's sync trainer + two hooks, rpg/schedule_free.py) keeps one parameter set
-# per role: rollouts, old_log_prob and the update at the iterate y; validation and the HF export at the average x
-# (fixes SPEC §11 D16). `rpg.schedule_free` registers that trainer and must be imported by every process: it is
+# warmup_steps keeps its default 0 — as in the authors' scripts (docs/schedule-free.md#settings).
+# The trainer `schedule_free_sync` (verl's sync trainer + two hooks, rpg/schedule_free.py) keeps one parameter set per
+# role: rollouts, old_log_prob and the update at the iterate y; validation and the HF export at the average x (fixes
+# docs/differences.md#d16). `rpg.schedule_free` registers that trainer and must be imported by every process: it is
 # appended to VERL_USE_EXTERNAL_MODULES (forwarded to Ray jobs by common.sh).
 case ",${VERL_USE_EXTERNAL_MODULES:-}," in
   *,rpg.schedule_free,*) ;;
