@@ -3,7 +3,10 @@
 `ray start --head --block` in its own session, with its own temp dir (short, for Ray's unix sockets) and its own free
 ports (GCS, dashboard/job API, client server, node/object managers, agents, metrics, worker range), started from the
 project's virtualenv the way a user starts a head node (`.venv/bin` first on PATH, so the job's `python3` and Ray's
-workers are the environment with rpg-verl installed). Stopping it never touches another Ray: it terminates the
+workers are the environment with rpg-verl installed). Ray's token authentication is on, with a token of its own in the
+temp dir (`client_env` is what a client needs to talk to it): Ray 2.60's `ray start --head` turns token
+authentication on by itself whenever ~/.ray/auth_token exists (any earlier local `ray.init()` writes it), so the
+head must not depend on that file. Stopping it never touches another Ray: it terminates the
 `ray start` process and every process descended from it (GCS, raylet, dashboard, the job supervisor and the job's own
 processes), found by pid, plus any process with this head's temp dir on its command line; SIGTERM, then SIGKILL.
 `ray stop` is never used (it kills every Ray on the machine).
@@ -12,6 +15,7 @@ processes), found by pid, plus any process with this head's temp dir on its comm
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -40,7 +44,8 @@ def _free_ports(n: int) -> list[int]:
 
 
 class LocalRayHead:
-    """Start with `LocalRayHead(num_cpus, num_gpus)`; `address` is the job API (http://127.0.0.1:<port>)."""
+    """Start with `LocalRayHead(num_cpus, num_gpus)`; `address` is the job API (http://127.0.0.1:<port>), `client_env`
+    the environment a client adds to reach it (None: remove the variable)."""
 
     def __init__(self, num_cpus: int = 16, num_gpus: int = 1, timeout_s: float = 120):
         self.temp_dir = tempfile.mkdtemp(prefix="rpgray-", dir="/tmp")
@@ -53,8 +58,13 @@ class LocalRayHead:
         self.address = f"http://127.0.0.1:{dash}"
         self.gcs_address = f"127.0.0.1:{gcs}"
         bin_dir = str(Path(sys.executable).parent)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "VERL_", "RPG_"))}
-        env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", RAY_USAGE_STATS_ENABLED="0")
+        token_path = os.path.join(self.temp_dir, "auth_token")
+        with open(token_path, "w") as f:
+            f.write(secrets.token_hex(32))
+        self.client_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path, "RAY_AUTH_TOKEN": None}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_", "VERL_", "RPG_"))}
+        env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token",
+                   RAY_AUTH_TOKEN_PATH=token_path)  # fmt: skip
         cmd = [
             os.path.join(bin_dir, "ray"), "start", "--head", "--block", "--disable-usage-stats",
             "--node-ip-address=127.0.0.1", f"--port={gcs}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",

@@ -5,7 +5,9 @@ as `ray start --head --num-cpus=16 --num-gpus=1` would give) is started from the
 `recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` runs with `RAY_ADDRESS=http://127.0.0.1:<dashboard port>` and the
 launcher's defaults (no PYTHON: the job runs `python3 -m rpg.launch` on the cluster), i.e. through common.sh's
 `ray job submit` block: the repo is uploaded as the job's working directory, the `rpg` package as a py_module, the CPU
-profile's environment travels in the runtime env, and verl's trainer joins the existing cluster.
+profile's environment travels in the runtime env, and verl's trainer joins the existing cluster. The head uses Ray's
+token authentication with its own token; the submitting shell has RAY_AUTH_MODE=token and the token's path, as a
+user's shell needs for such a cluster (recipe/rpg/README.md, "Several nodes").
 
 * a 2-step run with validation succeeds: the script prints the submission id and the commands to follow it, follows
   the job to the end and exits 0; `ray job status` says SUCCEEDED; the metrics file holds both steps and validation;
@@ -47,7 +49,7 @@ def head():
 def submit(tmp: Path, name: str, head, overrides: list[str]) -> tuple[int | str, str, str]:
     rc, text = start_cpu_recipe(tmp, name, ["trainer.val_before_train=False", *overrides], timeout_s=600,
                                 RAY_ADDRESS=head.address, PYTHON=None, PATH=f"{BIN}:{os.environ['PATH']}",
-                                CPU_STEPS="2", CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2",
+                                **head.client_env, CPU_STEPS="2", CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2",
                                 CPU_SEED="0")  # fmt: skip
     found = re.search(r"\[rpg\] Ray job submission id: (\S+) \(cluster (\S+)\)", text)
     assert found, f"{name}: no submission id printed:\n{text[-3000:]}"
@@ -57,8 +59,10 @@ def submit(tmp: Path, name: str, head, overrides: list[str]) -> tuple[int | str,
     return rc, text, job_id
 
 
-def job_status(head, job_id: str) -> str:
-    out = subprocess.run([RAY, "job", "status", "--address", head.address, job_id], capture_output=True, text=True,
+def ray_job(head, *args: str) -> str:
+    """`ray job <args> --address <head>` as a client of the test's head; stdout + stderr."""
+    env = {k: v for k, v in {**os.environ, **head.client_env}.items() if v is not None}
+    out = subprocess.run([RAY, "job", *args, "--address", head.address], capture_output=True, text=True, env=env,
                          timeout=60)  # fmt: skip
     return out.stdout + out.stderr
 
@@ -66,7 +70,7 @@ def job_status(head, job_id: str) -> str:
 def test_recipe_job_succeeds_on_the_cluster(head, tmp_path):
     rc, text, job_id = submit(tmp_path, "ray_ok", head, [])
     assert rc == 0, f"exit {rc}:\n{text[-4000:]}"
-    assert "succeeded" in job_status(head, job_id).lower()
+    assert "succeeded" in ray_job(head, "status", job_id).lower()
     records = [json.loads(line) for line in (tmp_path / "ray_ok.jsonl").read_text().splitlines()]
     train = check_steps(records, text, [1, 2])  # the job's console lines reach the submitting terminal
     assert any(k.startswith("val-core/") for k in train[2]), "no validation at step 2"
@@ -75,9 +79,8 @@ def test_recipe_job_succeeds_on_the_cluster(head, tmp_path):
 def test_failing_job_is_reported_as_failed(head, tmp_path):
     rc, text, job_id = submit(tmp_path, "ray_bad", head, ["actor_rollout_ref.actor.ppo_epochs=banana"])
     assert rc != 0, f"a bad override exited 0:\n{text[-3000:]}"
-    status = job_status(head, job_id)
+    status = ray_job(head, "status", job_id)
     assert "failed" in status.lower(), status
-    logs = subprocess.run([RAY, "job", "logs", "--address", head.address, job_id], capture_output=True, text=True,
-                          timeout=60).stdout  # fmt: skip
+    logs = ray_job(head, "logs", job_id)
     error = "actor_rollout_ref.actor.ppo_epochs='banana' has type str; expected int"  # rpg.launch, inside the job
     assert error in logs and error in text, logs[-3000:]
