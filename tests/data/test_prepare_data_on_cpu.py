@@ -295,9 +295,13 @@ def test_interrupted_write_leaves_no_temp_file_and_no_output(tmp_path, signum):
     out = tmp_path / "out" / "aime.parquet"
     child = textwrap.dedent(
         f"""
-        import sys, time
+        import signal, sys, time
         import pyarrow.parquet as pq
         from rpg.tools import prepare_data
+
+        # Ctrl-C as in a terminal: a process started in the background by a non-interactive shell (CI's
+        # `cmd &`) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
         write_table = pq.write_table
         def slow_write_table(table, where, **kwargs):
