@@ -1,0 +1,504 @@
+"""Per-GPU memory plan of a colocated verl 0.9.1 run (FSDP actor + vLLM rollout on the same GPUs), before any GPU
+is touched (docs/gpu.md#memory-plan).
+
+verl 0.9.1 colocates, on every GPU, the actor's FSDP shards, a vLLM worker and (when a KL loss or a KL-in-reward
+needs one) a reference model. A training step has two phases whose peaks are estimated separately:
+
+* **rollout**: vLLM is awake. vLLM 0.24 sizes its pool as ``gpu_memory_utilization × the GPU's TOTAL memory``
+  (``requested_memory = total_memory × gpu_memory_utilization`` in its GPU worker; the KV cache is what is left of
+  that after its weights and profiled activations), and refuses to start when less than that is free. verl passes
+  ``actor_rollout_ref.rollout.gpu_memory_utilization`` unchanged (``vllm_async_server.py``). Next to that pool the
+  trainer process keeps, during the whole rollout: its CUDA context and NCCL buffers, the actor's parameter shards
+  (``model_dtype`` fp32) unless ``fsdp_config.param_offload`` (verl offloads them after the weight sync), and the
+  optimizer states unless ``fsdp_config.optimizer_offload`` (offloaded on leaving ``train_mode``). The optimizer
+  states are created lazily by the first ``optimizer.step()``, so the tightest moment is the KV-cache resume of the
+  *second* step. Gradients are freed (``zero_grad`` on leaving ``train_mode``). The weight sync moment (vLLM weights
+  resumed, a ``update_weights_bucket_megabytes`` bucket, the KV cache not yet) is estimated too.
+* **update**: vLLM sleeps (level 2 with vLLM ≥ 0.18: weights and KV cache discarded; with
+  ``free_cache_engine=False`` it keeps its whole pool). The trainer holds fp32 parameter, gradient and optimizer
+  shards (the optimizer is loaded back onto the GPU for the update even with ``optimizer_offload``), the bf16
+  unsharded FSDP units being computed (the root unit: embeddings, final norm, lm_head; one decoder layer plus a
+  prefetched one), and the activations of one micro-batch of ``ppo_max_token_len_per_gpu`` tokens: the layer inputs
+  kept by gradient checkpointing, one layer's recomputed activations and their gradients, and the bf16 logits
+  ``tokens × vocab`` (flash-attn's cross-entropy kernel writes their gradient in place). Three moments are taken:
+  the logits/backward moment, the end of the backward (the root unit's gradient cast to fp32 for the
+  reduce-scatter), and the optimizer step (torch's foreach AdamW allocates one more fp32 shard). The log-prob
+  forward (old and reference log-probs) is a fourth, smaller moment. The reference model costs no resident GPU
+  memory: verl forces CPU offload on forward-only engines (``CPUOffload``/``CPUOffloadPolicy``).
+
+Ignored (each one can move a number by up to about a GiB; the constants below are estimates, not measurements on
+a GPU): allocator fragmentation (covered by ``HEADROOM_GIB``), Ulysses sequence parallelism (activations are taken
+as if ``ulysses_sequence_parallel_size == 1``), LoRA, activation offload, ``use_remove_padding=False`` padding,
+vision towers, MoE, torch.compile's workspaces, vLLM's CUDA-graph pool beyond ``VLLM_SLEEP_REMAINDER_GIB``,
+processes other than verl's on the GPU, and the critic (RPG and the baselines have none).
+
+The core (``ModelShape``, ``Settings``, ``estimate``) is pure numbers and imports nothing beyond the standard library;
+only ``memory_plan``/``settings_from_config`` read an OmegaConf config (as ``rpg.launch.compose_config`` returns).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+GIB = float(1 << 30)
+DEFAULT_BUDGET_GIB = 80.0
+BUDGET_ENV = "GPU_MEMORY_GIB"
+MODEL_TABLE = Path(__file__).with_name("model_configs.json")
+
+# Estimated constants (GiB per GPU), none measured on a GPU yet (docs/gpu.md#unconfirmed).
+CUDA_CONTEXT_GIB = 0.6  # one CUDA context + cuBLAS/cuDNN workspaces per process (the trainer, the vLLM worker)
+NCCL_GIB = 0.5  # NCCL communicator buffers of the trainer's process groups
+VLLM_SLEEP_REMAINDER_GIB = 1.0  # what a sleeping vLLM keeps besides its context: CUDA graphs, non-cumem buffers
+HEADROOM_GIB = 2.0  # allocator fragmentation and small buffers: a phase must fit in budget - headroom
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape fields of a decoder-only HF config (Qwen2/Qwen3 family) the plan needs."""
+
+    name: str
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
+    max_position_embeddings: int = 0
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.hd
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * self.hd
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.model_type == "qwen2"  # Qwen2 has q/k/v biases; Qwen3 has none but q/k RMSNorms
+
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (attention, SwiGLU MLP, two RMSNorms; Qwen3: q/k norms)."""
+        h, i = self.hidden_size, self.intermediate_size
+        attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        if self.qkv_bias:
+            attn += self.q_dim + 2 * self.kv_dim
+        if self.model_type == "qwen3":
+            attn += 2 * self.hd
+        return attn + 3 * h * i + 2 * h
+
+    def root_params(self) -> int:
+        """Parameters outside the decoder layers: embeddings, final norm, lm_head (absent when tied)."""
+        emb = self.vocab_size * self.hidden_size
+        return emb * (1 if self.tie_word_embeddings else 2) + self.hidden_size
+
+    def param_count(self) -> int:
+        return self.num_hidden_layers * self.layer_params() + self.root_params()
+
+    def kv_bytes_per_token(self, tp: int = 1, dtype_bytes: int = 2) -> float:
+        """vLLM KV cache per token per GPU: K and V of every layer, KV heads split over TP (replicated below 1)."""
+        kv_heads = max(self.num_key_value_heads / tp, 1.0)
+        return 2 * self.num_hidden_layers * kv_heads * self.hd * dtype_bytes
+
+    @classmethod
+    def from_dict(cls, name: str, cfg: dict) -> "ModelShape":
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                               "vocab_size") if k not in cfg]
+        if missing:
+            raise ValueError(f"model config of {name!r} lacks {missing}; the memory plan needs a decoder-only HF config")
+        return cls(
+            name=name,
+            model_type=str(cfg.get("model_type", "qwen2")),
+            hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            num_attention_heads=int(cfg["num_attention_heads"]),
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+            vocab_size=int(cfg["vocab_size"]),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            head_dim=int(cfg.get("head_dim") or 0),
+            max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run settings the plan depends on (numbers only; `settings_from_config` reads them from a verl config)."""
+
+    n_gpus: int = 8  # FSDP shards over every rank (fsdp_size -1)
+    update_tokens: int = 4096  # tokens of one update micro-batch on one GPU
+    infer_tokens: int = 4096  # tokens of one log-prob micro-batch (old / reference log-probs)
+    gpu_memory_utilization: float = 0.85
+    rollout_tp: int = 1
+    free_cache_engine: bool = True
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    param_bytes: int = 4  # fsdp_config.model_dtype (fp32 master weights)
+    compute_bytes: int = 2  # mixed precision param_dtype (bf16)
+    reduce_bytes: int = 4  # mixed precision reduce_dtype (fp32)
+    optimizer: str = "AdamW"
+    optimizer_states: int = 2  # fp32 tensors per parameter (AdamW: exp_avg, exp_avg_sq; schedule-free: z, exp_avg_sq)
+    foreach_step: bool = True  # torch.optim foreach step: one more fp32 shard while stepping
+    gradient_checkpointing: bool = True
+    fused_kernels: bool = False  # use_fused_kernels: logits never materialised in full
+    entropy: bool = False  # entropy computed from the logits (entropy_coeff != 0 or calculate_entropy)
+    reference: bool = False  # verl builds a reference model (need_reference_policy)
+    weight_bucket_mib: int = 2048  # rollout.checkpoint_engine.update_weights_bucket_megabytes
+    strategy: str = "fsdp"
+
+    def replace(self, **kw: Any) -> "Settings":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclass
+class MemoryPlan:
+    """Per-GPU peaks (GiB) of the rollout and update phases with their terms (docs/gpu.md#memory-plan)."""
+
+    model: str
+    budget_gib: float
+    settings: Settings
+    shape: ModelShape
+    rollout: dict = field(default_factory=dict)  # term -> GiB, at the phase's peak moment
+    update: dict = field(default_factory=dict)
+    moments: dict = field(default_factory=dict)  # moment name -> GiB (every moment estimated)
+    startup_free_needed_gib: float = 0.0  # what vLLM needs free at start-up (fraction × total)
+    startup_trainer_gib: float = 0.0  # what the trainer holds when vLLM starts
+    kv_cache_gib: float = 0.0
+    headroom_gib: float = HEADROOM_GIB
+
+    @property
+    def rollout_gib(self) -> float:
+        return sum(self.rollout.values())
+
+    @property
+    def update_gib(self) -> float:
+        return sum(self.update.values())
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        per_token = self.shape.kv_bytes_per_token(self.settings.rollout_tp)
+        return int(max(self.kv_cache_gib, 0.0) * GIB // per_token)
+
+    def line(self) -> str:
+        return (f"[rpg] GPU memory plan (per GPU, {self.model}, budget {self.budget_gib:.1f} GiB): "
+                f"rollout {self.rollout_gib:.1f} GiB, update {self.update_gib:.1f} GiB")
+
+    def breakdown(self) -> str:
+        rows = [self.line()]
+        for phase, terms in (("rollout", self.rollout), ("update", self.update)):
+            rows.append(f"  {phase}: " + ", ".join(f"{k} {v:.2f}" for k, v in terms.items() if v))
+        rows.append("  moments: " + ", ".join(f"{k} {v:.1f}" for k, v in self.moments.items()))
+        rows.append(f"  vLLM KV cache ~{self.kv_cache_gib:.1f} GiB (~{self.kv_cache_tokens:,} tokens per GPU)")
+        return "\n".join(rows)
+
+    @property
+    def limit_gib(self) -> float:
+        return self.budget_gib - self.headroom_gib
+
+    def max_gpu_memory_utilization(self) -> float:
+        """The largest fraction (a multiple of 0.05) whose rollout and start-up fit in budget - headroom."""
+        pool = self.settings.gpu_memory_utilization * self.budget_gib
+        others = self.rollout_gib - pool
+        frac = (self.limit_gib - others) / self.budget_gib
+        frac = min(frac, (self.budget_gib - self.startup_trainer_gib) / self.budget_gib)
+        return math.floor(frac * 20 + 1e-9) / 20
+
+    def problems(self) -> list[str]:
+        """Errors for every phase over budget - headroom, each naming the numbers and the settings that fit."""
+        s, out = self.settings, []
+        if self.rollout_gib > self.limit_gib:
+            frac = self.max_gpu_memory_utilization()
+            resident = {k: v for k, v in self.rollout.items() if k in ("actor params", "optimizer states")}
+            fixes = [f"lower actor_rollout_ref.rollout.gpu_memory_utilization from {s.gpu_memory_utilization:g} to "
+                     f"{frac:.2f} or below (vLLM's pool is that fraction of the GPU's total memory)"]
+            if "optimizer states" in resident:
+                fixes.append(f"set actor_rollout_ref.actor.fsdp_config.optimizer_offload=True "
+                             f"(-{resident['optimizer states']:.1f} GiB during rollout)")
+            if "actor params" in resident:
+                fixes.append(f"set actor_rollout_ref.actor.fsdp_config.param_offload=True "
+                             f"(-{resident['actor params']:.1f} GiB during rollout)")
+            if s.rollout_tp == 1:
+                fixes.append("with a lower fraction, actor_rollout_ref.rollout.tensor_model_parallel_size=2 halves "
+                             "vLLM's weights per GPU so more of the pool is KV cache")
+            out.append(
+                f"GPU memory plan: the rollout phase needs about {self.rollout_gib:.1f} GiB per GPU, over the "
+                f"{self.budget_gib:.1f} GiB budget less {self.headroom_gib:.1f} GiB headroom ({self.limit_gib:.1f} GiB): "
+                f"vLLM {s.gpu_memory_utilization:g} × {self.budget_gib:.1f} GiB = {s.gpu_memory_utilization * self.budget_gib:.1f} GiB "
+                f"plus {self.rollout_gib - s.gpu_memory_utilization * self.budget_gib:.1f} GiB the trainer keeps "
+                f"({', '.join(f'{k} {v:.1f}' for k, v in self.rollout.items() if not k.startswith('vLLM pool') and v)}); "
+                f"the first OOM would come at the KV-cache resume of step 2 (optimizer states exist after step 1). "
+                f"To fit: " + "; or ".join(fixes) + ".")
+        if self.update_gib > self.limit_gib:
+            tokens = self.max_update_tokens()
+            fixes = []
+            if tokens >= 1:
+                fixes.append(f"lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {s.update_tokens}) to "
+                             f"{tokens} or below (it must stay >= max_prompt_length + max_response_length)")
+            if not s.gradient_checkpointing:
+                fixes.append("set actor_rollout_ref.model.enable_gradient_checkpointing=True")
+            if not s.fused_kernels:
+                fixes.append("set actor_rollout_ref.model.use_fused_kernels=True (logits never materialised in full)")
+            if not s.free_cache_engine:
+                fixes.append("set actor_rollout_ref.rollout.free_cache_engine=True (vLLM sleeps during the update)")
+            fixes.append(f"use more GPUs (trainer.n_gpus_per_node × trainer.nnodes, now {s.n_gpus}: the fp32 "
+                         f"parameter, gradient and optimizer shards shrink with it)")
+            out.append(
+                f"GPU memory plan: the update phase needs about {self.update_gib:.1f} GiB per GPU, over the "
+                f"{self.budget_gib:.1f} GiB budget less {self.headroom_gib:.1f} GiB headroom ({self.limit_gib:.1f} GiB): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in self.update.items() if v) + ". To fit: " + "; or ".join(fixes) + ".")
+        if self.startup_free_needed_gib > self.budget_gib - self.startup_trainer_gib:
+            out.append(
+                f"GPU memory plan: vLLM needs {self.startup_free_needed_gib:.1f} GiB free at start-up "
+                f"({s.gpu_memory_utilization:g} × {self.budget_gib:.1f} GiB) but the trainer already holds "
+                f"{self.startup_trainer_gib:.1f} GiB; lower actor_rollout_ref.rollout.gpu_memory_utilization to "
+                f"{self.max_gpu_memory_utilization():.2f} or below.")
+        return out
+
+    def max_update_tokens(self) -> int:
+        """The largest micro-batch token budget whose update phase fits (0 when none does)."""
+        lo, hi = 0, max(self.settings.update_tokens, 1)
+        if estimate(self.shape, self.settings.replace(update_tokens=1), self.budget_gib).update_gib > self.limit_gib:
+            return 0
+        while hi > lo + 1:
+            mid = (lo + hi) // 2
+            fits = estimate(self.shape, self.settings.replace(update_tokens=mid), self.budget_gib).update_gib
+            lo, hi = (mid, hi) if fits <= self.limit_gib else (lo, mid)
+        return lo
+
+
+def activation_bytes_per_token_layer(m: ModelShape, compute_bytes: int = 2) -> float:
+    """Forward activations one decoder layer saves for backward, per token (bf16 tensors, fp32 inside RMSNorm):
+    the norm inputs/outputs (+ their fp32 upcasts), q/k/v and the attention output, the four SwiGLU tensors."""
+    h, i = m.hidden_size, m.intermediate_size
+    norms = 2 * (2 * h * compute_bytes + 2 * h * 4)
+    attn = (2 * m.q_dim + 2 * m.kv_dim) * compute_bytes + m.num_attention_heads * 4  # + fp32 softmax lse
+    mlp = 4 * i * compute_bytes
+    return norms + attn + mlp
+
+
+def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB, model: str = "") -> MemoryPlan:
+    """The per-GPU plan of `m` under `s` (pure arithmetic, GiB)."""
+    P, dp = m.param_count(), max(s.n_gpus, 1)
+    shard = P * s.param_bytes / dp / GIB
+    grads = P * s.param_bytes / dp / GIB
+    states = s.optimizer_states * P * 4 / dp / GIB
+    trainer_fixed = {"CUDA contexts": CUDA_CONTEXT_GIB, "NCCL": NCCL_GIB}
+
+    # rollout: vLLM awake
+    pool = s.gpu_memory_utilization * budget_gib
+    vllm_weights = P * 2 / s.rollout_tp / GIB
+    rollout = {
+        f"vLLM pool ({s.gpu_memory_utilization:g} × budget)": pool,
+        "vLLM CUDA context": CUDA_CONTEXT_GIB,
+        **trainer_fixed,
+        "actor params": 0.0 if s.param_offload else shard,
+        "optimizer states": 0.0 if s.optimizer_offload else states,
+    }
+    largest_tensor = m.vocab_size * m.hidden_size * s.compute_bytes / GIB
+    sync = (CUDA_CONTEXT_GIB * 2 + NCCL_GIB + VLLM_SLEEP_REMAINDER_GIB + vllm_weights + shard
+            + (0.0 if s.optimizer_offload else states) + s.weight_bucket_mib / 1024 + largest_tensor)
+
+    # update: vLLM asleep
+    vllm_asleep = CUDA_CONTEXT_GIB + (VLLM_SLEEP_REMAINDER_GIB if s.free_cache_engine else pool)
+    root_unsh = m.root_params() * s.compute_bytes / GIB
+    layer_unsh = m.layer_params() * s.compute_bytes / GIB
+    unsharded = root_unsh + 2 * layer_unsh  # root unit + the current and the prefetched layer
+    T = max(int(s.update_tokens), 1)
+    act_layer = activation_bytes_per_token_layer(m, s.compute_bytes) * T / GIB
+    if s.gradient_checkpointing:
+        acts = m.num_hidden_layers * T * m.hidden_size * s.compute_bytes / GIB + 2 * act_layer
+    else:
+        acts = m.num_hidden_layers * act_layer + act_layer
+    logit_copies = 0.0 if s.fused_kernels else 1.0 + (3.0 if s.entropy else 0.0)
+    logits = logit_copies * T * m.vocab_size * s.compute_bytes / GIB
+    if s.fused_kernels:
+        logits = 2 * T * m.hidden_size * 4 / GIB  # chunked fused linear-CE: a few fp32 hidden-size buffers
+    base = {**trainer_fixed, "vLLM asleep": vllm_asleep, "param shards": shard, "grad shards": grads,
+            "optimizer states": states}
+    backward = {**base, "unsharded params (bf16)": unsharded, "unsharded grads": root_unsh + layer_unsh,
+                "activations": acts, "logits": logits}
+    end_backward = {**base, "unsharded params (bf16)": root_unsh + layer_unsh,
+                    "unsharded grads": m.root_params() * (s.compute_bytes + s.reduce_bytes) / GIB}
+    step = {**base, "optimizer step temp": shard if s.foreach_step else m.root_params() * 4 / dp / GIB}
+    Ti = max(int(s.infer_tokens), 1)
+    infer = {**{k: v for k, v in base.items() if k != "grad shards"}, "unsharded params (bf16)": unsharded,
+             "activations": 2 * activation_bytes_per_token_layer(m, s.compute_bytes) * Ti / GIB,
+             "logits": (0.0 if s.fused_kernels else 1.0 + (2.0 if s.entropy else 0.0))
+             * Ti * m.vocab_size * s.compute_bytes / GIB}
+    update_moments = {"backward": backward, "end of backward": end_backward, "optimizer step": step, "log-prob": infer}
+    name, update = max(update_moments.items(), key=lambda kv: sum(kv[1].values()))
+    plan = MemoryPlan(model=model or m.name, budget_gib=budget_gib, settings=s, shape=m, rollout=rollout,
+                      update={"moment: " + name: 0.0, **update})
+    plan.moments = {"rollout (KV resumed)": sum(rollout.values()), "weight sync": sync,
+                    **{k: sum(v.values()) for k, v in update_moments.items()}}
+    if sync > plan.rollout_gib:  # the weight-sync moment is part of the rollout phase
+        plan.rollout = {"moment: weight sync": 0.0, "trainer + vLLM weights + bucket": sync}
+    plan.startup_free_needed_gib = pool
+    plan.startup_trainer_gib = CUDA_CONTEXT_GIB + NCCL_GIB + (0.0 if s.param_offload else shard)
+    plan.kv_cache_gib = pool - vllm_weights - 1.0  # ~1 GiB of vLLM's profiled activations and non-torch memory
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading a model config and a verl config
+# ----------------------------------------------------------------------------------------------------------------
+def shipped_models() -> dict:
+    data = json.loads(MODEL_TABLE.read_text())
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def load_model_shape(path: str, hf_config_path: Optional[str] = None) -> ModelShape:
+    """The model's shape from (1) a local directory's config.json, (2) the Hugging Face cache, (3) the shipped table
+    of the recipe models. Raises ValueError naming actor_rollout_ref.model.path when none has it."""
+    src = str(hf_config_path or path)
+    local = Path(os.path.expanduser(src))
+    if local.is_dir() and (local / "config.json").is_file():
+        return ModelShape.from_dict(str(path), _text_config(json.loads((local / "config.json").read_text())))
+    if local.is_file() and local.name.endswith(".json"):
+        return ModelShape.from_dict(str(path), _text_config(json.loads(local.read_text())))
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
+    cached = sorted(glob.glob(os.path.join(hub, "models--" + src.replace("/", "--"), "snapshots", "*", "config.json")))
+    if cached:
+        return ModelShape.from_dict(str(path), _text_config(json.loads(Path(cached[-1]).read_text())))
+    table = shipped_models()
+    if src in table:
+        return ModelShape.from_dict(src, table[src])
+    raise ValueError(
+        f"GPU memory plan: actor_rollout_ref.model.path={path!r} has no config.json on disk or in the Hugging Face "
+        f"cache, and is not one of the shipped recipe models ({', '.join(sorted(table))}); download the model first "
+        f"(huggingface-cli download {src} config.json) or pass its local directory.")
+
+
+def _text_config(cfg: dict) -> dict:
+    return cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
+
+
+def _bytes(name: Any, setting: str) -> int:
+    key = str(name).lower().replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise ValueError(f"GPU memory plan: {setting}={name!r} is not a dtype the plan knows; "
+                         f"choose one of {sorted(set(DTYPE_BYTES))}")
+    return DTYPE_BYTES[key]
+
+
+def _needs_reference(config: Any) -> bool:
+    try:
+        from verl.trainer.ppo.utils import need_reference_policy
+    except ImportError:  # same rule as verl 0.9.1's need_reference_policy
+        algo = config.get("algorithm", {}) or {}
+        return bool(algo.get("use_kl_in_reward", False) or config.actor_rollout_ref.actor.use_kl_loss)
+    return bool(need_reference_policy(config))
+
+
+def optimizer_states(name: str) -> tuple[int, bool]:
+    """(fp32 states per parameter, whether the step is torch's foreach kind) of an optimizer class name."""
+    low = name.lower()
+    if "schedulefree" in low:
+        return 2, False  # z and exp_avg_sq (rpg/schedule_free.py), per-parameter step
+    if "adam" in low:
+        return 2, True
+    if low == "sgd":
+        return 1, True
+    return 2, True  # unknown: assume Adam-like
+
+
+def settings_from_config(config: Any) -> Settings:
+    """`Settings` of a composed verl config (an OmegaConf DictConfig from rpg.launch.compose_config)."""
+    arr = config.actor_rollout_ref
+    actor, rollout, model, data = arr.actor, arr.rollout, arr.model, config.data
+    fsdp = actor.get("fsdp_config", {}) or {}
+    seq = int(data.max_prompt_length) + int(data.max_response_length)
+
+    def tokens(dynamic: bool, max_tokens: Any, micro: Any, setting: str) -> int:
+        if dynamic:
+            if max_tokens is None:
+                raise ValueError(f"GPU memory plan: {setting} is unset with dynamic batch sizes")
+            return max(int(max_tokens), seq)  # a sequence longer than the budget still forms its own micro-batch
+        if micro is None:
+            raise ValueError(f"GPU memory plan: {setting} is unset (set it, or use_dynamic_bsz=True)")
+        return int(micro) * seq
+
+    update_tokens = tokens(bool(actor.use_dynamic_bsz), actor.get("ppo_max_token_len_per_gpu"),
+                           actor.get("ppo_micro_batch_size_per_gpu"), "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    infer_tokens = tokens(bool(rollout.get("log_prob_use_dynamic_bsz", actor.use_dynamic_bsz)),
+                          rollout.get("log_prob_max_token_len_per_gpu"), rollout.get("log_prob_micro_batch_size_per_gpu"),
+                          "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")
+    mp = fsdp.get("mixed_precision", None) or {}
+    opt = str((actor.get("optim", {}) or {}).get("optimizer", "AdamW"))
+    n_states, foreach = optimizer_states(opt)
+    bucket = ((rollout.get("checkpoint_engine", {}) or {}).get("update_weights_bucket_megabytes", 2048)) or 2048
+    return Settings(
+        n_gpus=int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes),
+        update_tokens=update_tokens,
+        infer_tokens=infer_tokens,
+        gpu_memory_utilization=float(rollout.gpu_memory_utilization),
+        rollout_tp=int(rollout.get("tensor_model_parallel_size", 1) or 1),
+        free_cache_engine=bool(rollout.get("free_cache_engine", True)),
+        param_offload=bool(fsdp.get("param_offload", False)),
+        optimizer_offload=bool(fsdp.get("optimizer_offload", False)),
+        param_bytes=_bytes(fsdp.get("model_dtype", "fp32") or "fp32", "actor_rollout_ref.actor.fsdp_config.model_dtype"),
+        compute_bytes=_bytes(mp.get("param_dtype", "bf16"), "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"),
+        reduce_bytes=_bytes(mp.get("reduce_dtype", "fp32"), "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype"),
+        optimizer=opt,
+        optimizer_states=n_states,
+        foreach_step=foreach,
+        gradient_checkpointing=bool(model.get("enable_gradient_checkpointing", False)),
+        fused_kernels=bool(model.get("use_fused_kernels", False)),
+        entropy=bool(actor.get("calculate_entropy", False)) or float(actor.get("entropy_coeff", 0) or 0) != 0.0,
+        reference=_needs_reference(config),
+        weight_bucket_mib=int(bucket),
+        strategy=str(actor.get("strategy", "fsdp")),
+    )
+
+
+def budget_from_env() -> float:
+    """GPU_MEMORY_GIB if set, else the local GPU's total memory when torch sees one, else 80."""
+    raw = os.environ.get(BUDGET_ENV, "").strip()
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ValueError(f"{BUDGET_ENV}={raw!r} is not a positive number of GiB (e.g. {BUDGET_ENV}=80)")
+        return value
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory / GIB
+    except Exception:  # noqa: BLE001 - no torch / no driver: the nominal default
+        pass
+    return DEFAULT_BUDGET_GIB
+
+
+def memory_plan(config: Any, model_cfg: Optional[dict] = None, budget_gib: Optional[float] = None) -> MemoryPlan:
+    """The per-GPU plan of a composed verl config. `model_cfg`: a config.json dict (default: read from
+    actor_rollout_ref.model.path, the HF cache or the shipped table); `budget_gib`: default `budget_from_env()`."""
+    model = config.actor_rollout_ref.model
+    path = str(model.path)
+    shape = ModelShape.from_dict(path, model_cfg) if model_cfg is not None else load_model_shape(
+        path, model.get("hf_config_path", None))
+    strategy = str(config.actor_rollout_ref.actor.get("strategy", "fsdp"))
+    if strategy not in ("fsdp", "fsdp2"):
+        raise ValueError(f"GPU memory plan: actor_rollout_ref.actor.strategy={strategy!r} is not estimated; "
+                         f"it covers fsdp and fsdp2")
+    budget = budget_from_env() if budget_gib is None else float(budget_gib)
+    return estimate(shape, settings_from_config(config), budget, model=path)
