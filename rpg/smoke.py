@@ -124,8 +124,7 @@ class GpuMemorySampler:
         self.interval_s, self.backend, self.peaks, self.totals = interval_s, None, {}, {}
         self._stop, self._thread, self._nvml, self._count = threading.Event(), None, None, 0
 
-    def _read(self) -> dict[int, tuple[int, int]]:
-        """GPU index -> (used, total) bytes."""
+    def _read(self) -> dict[int, tuple[int, int]]:  # GPU index -> (used, total) bytes
         if self.backend == "nvml":
             nvml = self._nvml
             infos = [nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(self._count)]
@@ -233,7 +232,8 @@ class SmokeReport:
         if self.full_steps is None:
             return ["  projected wall time: unknown (the recipe sets no trainer.total_training_steps)"]
         train = sum(s.get(key, 0.0) for _, key, scaled in PHASES if scaled)
-        gen, rest = s.get("gen", 0.0), s["step"] - sum(s.get(key, 0.0) for _, key, _ in PHASES)
+        gen = s.get("gen", 0.0)
+        rest = s["step"] - gen - train  # weight sync and the unattributed time: as measured
         step = (gen + k * train + rest, k * gen + k * train + rest)
         val_k = v_full / v_smoke if v_full else 1.0
         val = (s.get("testing", 0.0), s.get("testing", 0.0) * val_k)
