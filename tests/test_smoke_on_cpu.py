@@ -38,14 +38,17 @@ def recipe_overrides(script: str, **env: str) -> list[str]:
     return json.loads(proc.stdout)["argv"][3:]
 
 
-KEPT = ("actor_rollout_ref.model.path", "actor_rollout_ref.rollout", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.fsdp_config",
+KEPT = ("actor_rollout_ref.model.path", "actor_rollout_ref.rollout",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.fsdp_config",
         "actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref", "actor_rollout_ref.actor.use_dynamic_bsz",
         "data.max_prompt_length", "data.max_response_length", "trainer.nnodes", "trainer.n_gpus_per_node",
         "algorithm.filter_groups")  # fmt: skip
 
 
-@pytest.mark.parametrize("script,env,prompts", CASES, ids=[f"{c[0]}-{'-'.join(c[1].values()) or 'default'}" for c in CASES])
+IDS = [f"{script}-{'-'.join(env.values()) or 'default'}" for script, env, _ in CASES]
+
+
+@pytest.mark.parametrize("script,env,prompts", CASES, ids=IDS)
 def test_smoke_overrides_pass_verls_checks(script, env, prompts, tmp_path):
     from omegaconf import OmegaConf
 
