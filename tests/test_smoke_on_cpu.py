@@ -39,7 +39,8 @@ def recipe_overrides(script: str, **env: str) -> list[str]:
 
 
 KEPT = ("actor_rollout_ref.model.path", "actor_rollout_ref.rollout",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.fsdp_config",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "actor_rollout_ref.actor.fsdp_config",
         "actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref", "actor_rollout_ref.actor.use_dynamic_bsz",
         "data.max_prompt_length", "data.max_response_length", "trainer.nnodes", "trainer.n_gpus_per_node",
         "algorithm.filter_groups")  # fmt: skip
