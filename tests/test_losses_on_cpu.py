@@ -127,7 +127,7 @@ def test_reinforce_has_the_gradient_of_dual_clip_ppo_on_the_effective_advantage(
     cfg = actor_config(f"rpg_reinforce_{div}", kl_coef=beta)
     _, grad, _ = _registered(f"rpg_reinforce_{div}", old, log_prob, adv, mask, cfg)
     out = L.rpg_reinforce(log_prob, old, adv, mask, DIVERGENCES[div], beta, CLIP)
-    _, v_grad = _vanilla(old, log_prob, (adv + out.kl_weight) * mask, mask, cfg)
+    _, v_grad = _vanilla(old, log_prob, (adv + out.kl_adv) * mask, mask, cfg)
     assert torch.allclose(grad, v_grad, rtol=1e-10, atol=1e-14)
     assert ((out.branch == L.POS_FLAT_HIGH) | (out.branch == L.NEG_FLAT_LOW))[mask].any()  # clipped tokens exist
 
