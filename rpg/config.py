@@ -219,7 +219,8 @@ def rpg_settings(actor_config: Any) -> RPGPolicyLossConfig:
 
 _MAPPING_CACHE: dict[int, tuple[Any, RPGPolicyLossConfig]] = {}
 
-# The clip fields are verl's (ActorConfig); each is checked only for the losses that read it (rpg.loss_table.clip_fields).
+# The clip fields are verl's (ActorConfig); each is checked only for the losses that read it
+# (rpg.loss_table.clip_fields).
 _CLIP_RULES = {
     "clip_ratio_low": (lambda v: 0.0 < v < 1.0, "must be in (0, 1): the ratio clip's lower end is 1 − ε1 > 0"),
     "clip_ratio_high": (lambda v: v > 0.0, "must be > 0: the ratio clip's upper end is 1 + ε2"),

@@ -90,7 +90,8 @@ def require(settings: Any) -> None:
         raise RuntimeError(
             f"loss_mode={settings.loss_mode!r} with reference={settings.reference!r} needs "
             f"{' and '.join(absent)}, which is not installed in this process. It is installed when "
-            f"rpg.RPGPolicyLossConfig is built in a process that imported rpg.reference (verl's ActorRolloutRefWorker.init_model builds it from "
+            f"rpg.RPGPolicyLossConfig is built in a process that imported rpg.reference (verl's "
+            f"ActorRolloutRefWorker.init_model builds it from "
             f"actor_rollout_ref.actor.policy_loss with _target_=rpg.RPGPolicyLossConfig); if this process builds the "
             f"loss config another way, call rpg.reference.install(settings) first."
         )

@@ -10,9 +10,9 @@ reference's κ criterion needs (`rpg.reference.periodic`).
 
 `install()` replaces `ppo_loss` in `verl.workers.utils.losses` and the copy `verl.workers.engine_workers` binds with
 `from ... import ppo_loss`, after checking the verl version and `ppo_loss`'s signature (`rpg.compat`). It runs only
-when a run needs it (`rpg.reference.install`, run when an `RPGPolicyLossConfig` is built); a verl run that selects no RPG
-reference mode or reference-based loss keeps verl's own `ppo_loss`. verl's `distillation_ppo_loss` binds its own copy
-and is not covered.
+when a run needs it (`rpg.reference.install`, run when an `RPGPolicyLossConfig` is built); a verl run that selects
+no RPG reference mode or reference-based loss keeps verl's own `ppo_loss`. verl's `distillation_ppo_loss` binds its
+own copy and is not covered.
 """
 
 from __future__ import annotations
