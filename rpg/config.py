@@ -12,20 +12,25 @@ Clip ratios are *not* duplicated here: they are verl's own actor fields (`clip_r
 here; the reference implementation's behaviour is available through the documented options (see README,
 "Differences from the authors' code").
 
-Building the config validates every field and, against the loss table (`rpg.losses.LOSSES`), refuses an option that
-cannot change the chosen loss or reference mode (`ineffective_options`) and bypass mode for an RPG loss. It then
-installs what its settings need from verl (`rpg.reference.install`: nothing for the iterative reference). The
-launcher builds it at compose time and verl builds it in every actor worker (`ActorRolloutRefWorker.init_model`),
-so the checks and the installation both happen before training starts.
+Building the config validates every field and, against the loss table (`rpg.loss_table.LOSSES`), refuses an option
+that cannot change the chosen loss or reference mode (`ineffective_options`) and bypass mode for an RPG loss. It then
+calls the hooks registered with `on_build`; this module patches nothing itself. `rpg.reference` registers its
+installer there (what the settings need from verl: nothing for the iterative reference), and every verl process
+imports `rpg.reference` through the plugin entry point (`rpg.verl_plugin`). The launcher builds the config at compose
+time and verl builds it in every actor worker (`ActorRolloutRefWorker.init_model`), so the checks and the
+installation both happen before training starts.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from verl.workers.config import ActorConfig, PolicyLossConfig
+
+from rpg.loss_table import LOSSES, LossSpec, loss_spec
+from rpg.refresh_rules import check_refresh_settings
 
 BRANCH_ON = ("effective_advantage", "advantage")
 KL_RATIO = ("clipped", "raw")
@@ -40,7 +45,7 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 @dataclass
 class RPGPolicyLossConfig(PolicyLossConfig):
-    """Settings of the RPG losses (the rows of `rpg.losses.LOSSES`, `python -m rpg.launch --list`).
+    """Settings of the RPG losses (the rows of `rpg.loss_table.LOSSES`, `python -m rpg.launch --list`).
 
     Args:
         kl_coef: β, the KL coefficient of `J = E[R] − β·D` (paper App. H: 1e-4). Must be finite and ≥ 0.
@@ -92,38 +97,40 @@ class RPGPolicyLossConfig(PolicyLossConfig):
         _choice("kl_ratio", self.kl_ratio, KL_RATIO)
         _choice("kl_placement", self.kl_placement, KL_PLACEMENT)
         _choice("reference", self.reference, REFERENCE_MODES)
-        if int(self.ref_refresh_steps) != self.ref_refresh_steps or self.ref_refresh_steps < 0:
-            raise ValueError(
-                f"RPGPolicyLossConfig.ref_refresh_steps must be an integer ≥ 0, got {self.ref_refresh_steps!r}"
-            )
-        if not (math.isfinite(self.ref_refresh_kl) and self.ref_refresh_kl >= 0):
-            raise ValueError(f"RPGPolicyLossConfig.ref_refresh_kl must be ≥ 0, got {self.ref_refresh_kl!r}")
-        if not (0.0 <= self.ref_kl_ema < 1.0):
-            raise ValueError(f"RPGPolicyLossConfig.ref_kl_ema must be in [0, 1), got {self.ref_kl_ema!r}")
-        if self.reference == "periodic" and self.ref_refresh_steps == 0 and self.ref_refresh_kl == 0:
-            raise ValueError(
-                "RPGPolicyLossConfig.reference='periodic' needs ref_refresh_steps > 0 (K) and/or ref_refresh_kl > 0 (κ)"
-            )
+        check_refresh_settings(
+            self.ref_refresh_steps, self.ref_refresh_kl, self.ref_kl_ema,
+            owner="RPGPolicyLossConfig" + (".reference='periodic'" if self.reference == "periodic" else ""),
+            names=("ref_refresh_steps (K)", "ref_refresh_kl (κ)", "ref_kl_ema"),
+            need_a_criterion=self.reference == "periodic",
+        )  # fmt: skip
         ineffective = ineffective_options(self)
         if ineffective:
             raise ValueError("; ".join(ineffective))
         if self.spec is not None and (bypass := bypass_error(self.rollout_correction)):
             raise ValueError(bypass)
-        from rpg import reference
-
-        reference.install(self)  # what this run needs from verl (nothing for the iterative reference)
+        for hook in _ON_BUILD:  # rpg.reference's installer: what this run needs from verl
+            hook(self)
 
     @property
-    def spec(self):
-        """The loss-table row of `loss_mode` (`rpg.losses.LossSpec`), None for verl's own losses."""
-        from rpg.losses import loss_spec  # rpg.losses imports this module
-
+    def spec(self) -> Optional[LossSpec]:
+        """The loss-table row of `loss_mode` (`rpg.loss_table.LossSpec`), None for verl's own losses."""
         return loss_spec(self.loss_mode)
 
     @property
     def needs_ref_log_prob(self) -> bool:
         """True when the loss reads verl's `ref_log_prob`: a non-iterative reference, or a loss such as `grpo_wk3`."""
         return self.reference != "iterative" or (self.spec is not None and self.spec.needs_reference)
+
+
+_ON_BUILD: list[Callable[[RPGPolicyLossConfig], None]] = []
+
+
+def on_build(hook: Callable[[RPGPolicyLossConfig], None]) -> Callable[[RPGPolicyLossConfig], None]:
+    """Register `hook(settings)`, called (once per registration, in order) at the end of every
+    `RPGPolicyLossConfig.__post_init__`, after validation. Idempotent; returns `hook`."""
+    if hook not in _ON_BUILD:
+        _ON_BUILD.append(hook)
+    return hook
 
 
 PERIODIC_OPTIONS = ("ref_refresh_steps", "ref_refresh_kl", "ref_kl_ema")
@@ -158,8 +165,6 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
         elif spec is None:
             why = "verl's own losses read no RPG option (reference='periodic' refreshes verl's reference model)"
         else:
-            from rpg.losses import LOSSES
-
             users = [s.name for s in LOSSES.values() if name in s.options]
             why = f"it changes only {', '.join(users)}"
         messages.append(
@@ -214,7 +219,8 @@ def rpg_settings(actor_config: Any) -> RPGPolicyLossConfig:
 
 _MAPPING_CACHE: dict[int, tuple[Any, RPGPolicyLossConfig]] = {}
 
-# The clip fields are verl's (ActorConfig); each is checked only for the losses that read it (rpg.losses.clip_fields).
+# The clip fields are verl's (ActorConfig); each is checked only for the losses that read it
+# (rpg.loss_table.clip_fields).
 _CLIP_RULES = {
     "clip_ratio_low": (lambda v: 0.0 < v < 1.0, "must be in (0, 1): the ratio clip's lower end is 1 − ε1 > 0"),
     "clip_ratio_high": (lambda v: v > 0.0, "must be > 0: the ratio clip's upper end is 1 + ε2"),

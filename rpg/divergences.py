@@ -1,30 +1,42 @@
-"""The four KL divergences of RPG, defined once.
+"""The four KL divergences of RPG, defined once, and the numerics every formula shares.
 
-Every formula of the paper that depends on the divergence is one of three per-token quantities, all functions of
-the importance ratio `w = π_θ/π_old` (`log_w = log π_θ − log π_old`) and of the reference ratio
-`ρ = π_ref/π_old` (`log_ρ`; ρ ≡ 1 under the iterative reference π_ref = π_old, paper §5):
+Every formula of the paper that depends on the divergence is a per-token function of the importance ratio
+`w = π_θ/π_old` (`log_w = log π_θ − log π_old`) and of the reference ratio `ρ = π_ref/π_old` (`log_ρ`; ρ ≡ 1 under
+the iterative reference π_ref = π_old, paper §5). Each row of the table gives them in one form,
 
-* `surrogate`  — the fully differentiable KL regulariser (minimised, multiplied by β), paper Table 1 (UFKL, URKL) and
-  Table 4 (FKL, RKL), generalised to a reference π_ref ≠ π_old with the detached ratio ρ (docs/losses.md#rho-weighting).
-  Its gradient is `∇surrogate = −C_KL/β · ∇log π_θ` for every sample (docs/losses.md#fully-differentiable-surrogates,
-  per-sample check).
-* `kl_component` — `C_KL/β`, the KL part of the REINFORCE weight `Weight = w·A + C_KL` (paper Table 2;
-  docs/losses.md#reinforce-style-losses; Props. F.1, F.3, F.4, F.5 for ρ ≡ 1). Used inside a stop-gradient by the
-  REINFORCE family (Algorithm 2).
-* `estimate`  — a non-negative, unbiased per-token estimate of the divergence value on π_old samples, for logging:
-  `ρ·k3(w/ρ)` for the forward divergences and `w·k3(ρ/w)` for the reverse ones (k3 ≡ UKL, paper App. D, Remark 3.5).
+    T(w, ρ)   = ρ·p(log w, log ρ) + w·q(log w, log ρ)     the paper's Table 1/4 loss (generalised to ρ ≠ 1)
+    C_KL/β    = a·ρ + w·b(log w, log ρ)                  the KL part of the REINFORCE weight (Table 2, App. F)
+
+from which every quantity the losses use is derived (docs/losses.md#rho-weighting):
+
+* `surrogate` D̂ = T (+ ρ for URKL, so that it is the non-negative w·k3(ρ/w)) — the fully differentiable regulariser
+  (Tables 1, 4), minimised with weight β; its gradient is `−C_KL/β · ∇log π_θ` per sample
+  (docs/losses.md#fully-differentiable-surrogates).
+* `kl_component` C_KL/β — used inside a stop-gradient by the REINFORCE family (Algorithm 2; Props. F.1, F.3–F.5).
+* `table_adv` β·T/w — the KL part of the θ-dependent Â = A − β·T/w of the literal Algorithm 1 (`inside_clip`),
+  computed as `β·(ρ/w)·p + β·q`: no division by w, so neither the value nor autograd's derivative forms w² or the
+  difference of two numbers of size ρ (docs/losses.md#numerics).
+* `kl_adv` β·C_KL(w_k)/w — the KL part of the REINFORCE effective advantage A' = A + C/w (C at w_k = w̄ or w),
+  computed as `a·β·(ρ/w) + β·(w_k/w)·b`.
+* `estimate` — a non-negative, unbiased per-token estimate of the divergence on π_old samples, for logging:
+  `ρ·k3(w/ρ)` (`rho_k3`, forward divergences) or `w·k3(ρ/w)` (`w_k3`, reverse ones; k3 ≡ UKL, App. D, Remark 3.5).
 
 With ρ ≡ 1:
 
-| div  | surrogate (Tables 1/4)   | C_KL/β (App. F)    | objective                      |
+| div  | T (Tables 1/4)           | C_KL/β (App. F)    | objective                      |
 |------|--------------------------|--------------------|--------------------------------|
 | fkl  | −log w                   | +1                 | E[R] − β·KL(π_old‖π_θ)   (E.1) |
 | ufkl | w − log w − 1  (= k3(w)) | 1 − w              | E[R] − β·UKL(π_old‖π_θ)  (3.1) |
 | rkl  | w·log w                  | −w·(log w + 1)     | E[R] − β·KL(π_θ‖π_old)   (E.2) |
-| urkl | w·log w − w + 1          | −w·log w           | E[R] − β·UKL(π_θ‖π_old)  (3.3) |
+| urkl | w·log w − w              | −w·log w           | E[R] − β·UKL(π_θ‖π_old)  (3.3) |
 
 For normalised policies UKL = KL, so UFKL/FKL (and URKL/RKL) are the same objective; their estimators differ by the
 zero-mean control variate ±β·w (docs/losses.md#control-variates), which the tests check exactly.
+
+Numerics. `guarded_log_ratio` masks padding to 0 and limits every log-ratio to ±LOG_RATIO_GUARD (the one guard of the
+package, also used by the reference's KL meter). Within it, w, ρ, their inverses and their products with log-ratios
+are finite in float32; only ρ/w (and w/ρ) can reach e^120. `scaled_ratio` computes β·ρ/w in float64 and saturates it
+at finfo(dtype).max·e^−EXP_HEADROOM, so every value and gradient is finite, and exact wherever it is below that bound.
 
 All functions are elementwise on tensors of any shape (typically (batch, response_len)); `log_rho`/`rho` may be the
 Python scalars 0.0/1.0 (iterative reference) to skip work.
@@ -32,115 +44,180 @@ Python scalars 0.0/1.0 (iterative reference) to skip work.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import torch
 
 Tensor = torch.Tensor
 Scalar = Union[Tensor, float]
-RatioFn = Callable[[Tensor, Tensor, Scalar, Scalar], Tensor]
+LogFn = Callable[[Tensor, Scalar], Scalar]  # f(log_w, log_rho)
+
+LOG_RATIO_GUARD = 60.0  # |log w|, |log ρ| limit: exp(60) ≈ 1.1e26 and its products with log-ratios are finite in fp32
+EXP_HEADROOM = 20.0  # β·ρ/w saturates at finfo(dtype).max·e^−20 (≈ 7e29 in fp32), leaving room for sums and products
 
 
-# ---- forward divergences: D(π_ref ‖ π_θ) --------------------------------------------------------------------------
-def _fkl_surrogate(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
-    """−ρ·log w (Table 4 FKL `−β log π_θ` up to a constant; docs/losses.md#rho-weighting `−SG(ρ)·log π_θ`)."""
-    return -rho * log_w
+def guarded_log_ratio(log_p: Tensor, log_q: Tensor, mask: Tensor) -> Tensor:
+    """log(p/q) on valid tokens, 0 on padding (so NaN/inf garbage never reaches a gradient), limited to
+    ±LOG_RATIO_GUARD. Shapes: (bs, T) each; `mask` bool."""
+    return torch.where(mask, log_p - log_q, 0.0).clamp_(-LOG_RATIO_GUARD, LOG_RATIO_GUARD)
 
 
-def _ufkl_surrogate(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
-    """ρ·k3(w/ρ) = w − ρ − ρ·(log w − log ρ) (Table 1 UFKL `w − log w − 1` at ρ = 1; Remark 3.3)."""
-    return w - rho - rho * (log_w - log_rho)
+def _saturation(dtype: torch.dtype) -> float:
+    finfo = torch.finfo(dtype)
+    return finfo.max * math.exp(-min(EXP_HEADROOM, math.log(finfo.max) / 4))
 
 
-def _fkl_component(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
-    """+ρ (Prop. E.1 weight `w·R + β`)."""
-    return torch.full_like(w, rho) if not isinstance(rho, Tensor) else rho.expand_as(w)
+def scaled_ratio(log_ratio: Tensor, beta: float) -> Tensor:
+    """β·exp(log_ratio) (β ≥ 0; e.g. β·ρ/w with log_ratio = log ρ − log w, up to e^120 within the guard), computed in
+    float64 and saturated at finfo(dtype).max·e^−EXP_HEADROOM: exact below that bound, finite (with zero gradient)
+    above it, in the dtype of `log_ratio`."""
+    if not beta >= 0.0:
+        raise ValueError(f"the KL coefficient β must be ≥ 0, got {beta!r}")
+    if beta == 0.0:
+        return torch.zeros_like(log_ratio)
+    value = torch.exp(log_ratio.double()) * beta
+    return value.clamp(max=_saturation(log_ratio.dtype)).to(log_ratio.dtype)
 
 
-def _ufkl_component(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
-    """ρ − w (Prop. 3.2 weight `w·R − β·(w − 1)`)."""
-    return rho - w
-
-
-# ---- reverse divergences: D(π_θ ‖ π_ref) --------------------------------------------------------------------------
-def _rkl_surrogate(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
-    """w·log(π_θ/π_ref) = w·(log w − log ρ) (Table 4 RKL `w·log w`)."""
-    return w * (log_w - log_rho)
-
-
-def _urkl_surrogate(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
-    """w·k3(ρ/w) = w·(log w − log ρ) − w + ρ (Table 1 URKL `w·log w − w` plus a constant; Remark 3.7).
-
-    With a frozen reference this is exactly the importance-weighted GRPO KL `w·k3(π_ref/π_θ)` (paper §2.2;
-    docs/losses.md#grpo-kl).
-    """
-    return w * (log_w - log_rho) - w + rho
-
-
-def _rkl_component(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
-    """−w·(log w − log ρ + 1) (Prop. E.3 weight `w·(R − β(log w + 1))`)."""
-    return -w * (log_w - log_rho + 1.0)
-
-
-def _urkl_component(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
-    """−w·(log w − log ρ) (Prop. 3.6 weight `w·(R − β·log w)`)."""
-    return -w * (log_w - log_rho)
+def _times(rho: Scalar, x: Tensor) -> Tensor:
+    return x if isinstance(rho, float) and rho == 1.0 else rho * x
 
 
 @dataclass(frozen=True)
 class Divergence:
-    """One row of the divergence table.
+    """One row of the divergence table: `T = ρ·p + w·q` and `C_KL/β = a·ρ + w·b` (module docstring).
 
     Attributes:
         name: short name used in loss names (`rpg_<name>`, `rpg_reinforce_<name>`).
         paper_name: the paper's row name ("FKL", ...), used in RPG-<DIV> / RPG-REINFORCE-<DIV>.
         objective: the regulariser D in `J = E[R] − β·D`, with π_ref the KL reference.
-        surrogate: fully differentiable per-token regulariser (see module docstring).
-        kl_component: C_KL/β of the REINFORCE weight.
-        estimate: non-negative per-token estimate of D on π_old samples (for logging).
-        reference_clamps: whether the authors' code clamps this surrogate to ±10 (all but FKL; docs/differences.md#d3),
+        table_rho: p(log w, log ρ), the factor of ρ in T (None: no ρ term).
+        table_w: q(log w, log ρ), the factor of w in T (None: no w term).
+        kl_rho: a, the factor of ρ in C_KL/β.
+        kl_w: b(log w, log ρ), the factor of w in C_KL/β (None: no w term).
+        reverse: D is D(π_θ‖π_ref) (its `estimate` is w·k3(ρ/w)); else D(π_ref‖π_θ) (ρ·k3(w/ρ)).
+        authors_clamp: whether the authors' code clamps this surrogate to ±10 (all but FKL; docs/differences.md#d3),
             i.e. whether the `kl_clamp` option acts on it.
         ratio_dependent_kl: whether C_KL depends on w (all but FKL, whose C_KL is the constant ρ), i.e. whether the
             `kl_ratio` option (C_KL at w̄ or w) acts on it.
-        surrogate_adds_rho: whether `surrogate` is the paper's Table 1/4 loss plus the constant ρ (URKL only: Table 1
-            has `w·log w − w`, the surrogate `w·k3(ρ/w)` adds ρ so that it is a non-negative estimate). The constant
-            does not change an additive regulariser's gradient, but it does change the θ-dependent Â of the literal
-            Algorithm 1 (`kl_placement="inside_clip"`), which uses the Table loss itself.
+        surrogate_adds_rho: whether `surrogate` is T plus the constant ρ (URKL only: Table 1 has `w·log w − w`, the
+            surrogate `w·k3(ρ/w)` adds ρ so that it is a non-negative estimate). The constant does not change an
+            additive regulariser's gradient, but it would change the θ-dependent Â of the literal Algorithm 1
+            (`kl_placement="inside_clip"`), which uses T itself.
     """
 
     name: str
     paper_name: str
     objective: str
-    surrogate: RatioFn
-    kl_component: RatioFn
-    estimate: RatioFn
-    reference_clamps: bool
+    table_rho: Optional[LogFn]
+    table_w: Optional[LogFn]
+    kl_rho: float
+    kl_w: Optional[LogFn]
+    reverse: bool
+    authors_clamp: bool
     ratio_dependent_kl: bool
     surrogate_adds_rho: bool = False
 
     def table_loss(self, log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
-        """The paper's Table 1/4 per-token loss (generalised to ρ ≠ 1 as `surrogate` is): `surrogate` minus its
-        added constant."""
-        surrogate = self.surrogate(log_w, w, log_rho, rho)
-        return surrogate - rho if self.surrogate_adds_rho else surrogate
+        """T(w, ρ) = ρ·p + w·q, the paper's Table 1/4 per-token loss generalised to ρ ≠ 1."""
+        terms = []
+        if self.table_rho is not None:
+            terms.append(_times(rho, self.table_rho(log_w, log_rho)))
+        if self.table_w is not None:
+            terms.append(w * self.table_w(log_w, log_rho))
+        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+    def surrogate(self, log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
+        """D̂(w, ρ): T, plus ρ for URKL (= w·k3(ρ/w)). Its gradient is −(C_KL/β)·∇log π_θ."""
+        table = self.table_loss(log_w, w, log_rho, rho)
+        return table + rho if self.surrogate_adds_rho else table
+
+    def kl_component(self, log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
+        """C_KL/β = a·ρ + w·b at the ratio (log_w, w) (a new tensor, never a view of ρ)."""
+        out = torch.zeros_like(w) if self.kl_w is None else w * self.kl_w(log_w, log_rho)
+        return out + self.kl_rho * rho if self.kl_rho else out
+
+    def table_adv(self, log_w: Tensor, log_rho: Scalar, beta: float) -> Tensor:
+        """β·T/w = β·(ρ/w)·p + β·q, the KL part of Â = A − β·T/w (Algorithm 1, `inside_clip`); finite value and
+        gradient for every log w, log ρ within the guard (`scaled_ratio`)."""
+        out = None
+        if self.table_rho is not None:
+            out = scaled_ratio(log_rho - log_w, beta) * self.table_rho(log_w, log_rho)
+        if self.table_w is not None:
+            w_part = beta * self.table_w(log_w, log_rho)
+            out = w_part if out is None else out + w_part
+        return out
+
+    def kl_adv(self, log_w_kl: Tensor, log_w: Tensor, log_rho: Scalar, beta: float) -> Tensor:
+        """β·C_KL(w_k)/w = a·β·(ρ/w) + β·(w_k/w)·b(log w_k), the KL part of the REINFORCE effective advantage
+        A' = A + C/w (Algorithm 2 line 14: C at w_k = w̄ or w, divided by the raw w). Detached inputs."""
+        out = torch.zeros_like(log_w) if not self.kl_rho else self.kl_rho * scaled_ratio(log_rho - log_w, beta)
+        if self.kl_w is not None:
+            ratio = torch.exp(log_w_kl - log_w) if log_w_kl is not log_w else 1.0
+            out = out + beta * ratio * self.kl_w(log_w_kl, log_rho)
+        return out
+
+    def estimate(self, log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
+        """Non-negative per-token estimate of D on π_old samples: w·k3(ρ/w) (reverse) or ρ·k3(w/ρ) (forward)."""
+        return (w_k3 if self.reverse else rho_k3)(log_w, w, log_rho, rho)
+
+
+def _neg_log_r(log_w: Tensor, log_rho: Scalar) -> Tensor:
+    return log_rho - log_w
+
+
+def _ufkl_p(log_w: Tensor, log_rho: Scalar) -> Tensor:
+    return log_rho - log_w - 1.0  # T = w − ρ − ρ·log(w/ρ) = ρ·k3(w/ρ)
+
+
+def _log_r(log_w: Tensor, log_rho: Scalar) -> Tensor:
+    return log_w - log_rho
+
+
+def _log_r_minus_1(log_w: Tensor, log_rho: Scalar) -> Tensor:
+    return log_w - log_rho - 1.0
+
+
+def _minus_one(log_w: Tensor, log_rho: Scalar) -> float:
+    return -1.0
+
+
+def _one(log_w: Tensor, log_rho: Scalar) -> float:
+    return 1.0
+
+
+def _rkl_b(log_w: Tensor, log_rho: Scalar) -> Tensor:
+    return log_rho - log_w - 1.0  # C_KL/β = −w·(log(w/ρ) + 1)  (Prop. E.3)
+
+
+def _fkl_p(log_w: Tensor, log_rho: Scalar) -> Tensor:
+    return -log_w  # T = −ρ·log w  (Table 4 `−β log π_θ` up to a constant; docs/losses.md#rho-weighting)
 
 
 DIVERGENCES: dict[str, Divergence] = {
     d.name: d
     for d in (
-        Divergence("fkl", "FKL", "KL(π_ref‖π_θ)", _fkl_surrogate, _fkl_component, _ufkl_surrogate, False, False),
-        Divergence("rkl", "RKL", "KL(π_θ‖π_ref)", _rkl_surrogate, _rkl_component, _urkl_surrogate, True, True),
-        Divergence("ufkl", "UFKL", "UKL(π_ref‖π_θ)", _ufkl_surrogate, _ufkl_component, _ufkl_surrogate, True, True),
-        Divergence("urkl", "URKL", "UKL(π_θ‖π_ref)", _urkl_surrogate, _urkl_component, _urkl_surrogate, True, True,
+        # FKL: T = −ρ·log w; C_KL/β = ρ (Prop. E.1 weight `w·R + β`)
+        Divergence("fkl", "FKL", "KL(π_ref‖π_θ)", _fkl_p, None, 1.0, None, False, False, False),
+        # RKL: T = w·log(w/ρ); C_KL/β = −w·(log(w/ρ) + 1) (Prop. E.3)
+        Divergence("rkl", "RKL", "KL(π_θ‖π_ref)", None, _log_r, 0.0, _rkl_b, True, True, True),
+        # UFKL: T = ρ·k3(w/ρ) = w − ρ − ρ·log(w/ρ) (Table 1, Remark 3.3); C_KL/β = ρ − w (Prop. 3.2)
+        Divergence("ufkl", "UFKL", "UKL(π_ref‖π_θ)", _ufkl_p, _one, 1.0, _minus_one, False, True, True),
+        # URKL: T = w·log(w/ρ) − w (Table 1), D̂ = T + ρ = w·k3(ρ/w) (Remark 3.7); C_KL/β = −w·log(w/ρ) (Prop. 3.6)
+        Divergence("urkl", "URKL", "UKL(π_θ‖π_ref)", None, _log_r_minus_1, 0.0, _neg_log_r, True, True, True,
                    surrogate_adds_rho=True),
     )
-}
+}  # fmt: skip
 
 
-def get_divergence(name: str) -> Divergence:
-    """Look up a divergence by name, with an error listing the valid names."""
-    try:
-        return DIVERGENCES[name]
-    except KeyError:
-        raise ValueError(f"Unknown RPG divergence {name!r}; choose one of {sorted(DIVERGENCES)}") from None
+def w_k3(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
+    """w·k3(ρ/w) = w·log(w/ρ) − w + ρ ≥ 0: the URKL surrogate, the importance-weighted GRPO KL `w·k3(π_ref/π_θ)`
+    (paper §2.2; docs/losses.md#grpo-kl) and the reverse divergences' logged estimate."""
+    return DIVERGENCES["urkl"].surrogate(log_w, w, log_rho, rho)
+
+
+def rho_k3(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
+    """ρ·k3(w/ρ) = w − ρ − ρ·log(w/ρ) ≥ 0: the UFKL surrogate and the forward divergences' logged estimate."""
+    return DIVERGENCES["ufkl"].surrogate(log_w, w, log_rho, rho)

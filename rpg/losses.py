@@ -35,8 +35,12 @@ Families
   without `clip_ppo`, script `rkl1e-4_rf`): `L = SG(w̄·A + C)·ℓ` for every token — truncated IS in both directions,
   no dual clip, no flat regions.
 
-Numerics: log-ratios are masked to 0 on padding (padding may hold NaN/inf garbage) and limited to ±LOG_RATIO_GUARD
-(exp(60) ≈ 1e26 is finite in fp32, and so are its products with log w); within the guard every formula is exact.
+Numerics (docs/losses.md#numerics): log-ratios are masked to 0 on padding (padding may hold NaN/inf garbage) and
+limited to ±LOG_RATIO_GUARD; the KL parts of Â and A' are the divergence table's stable `table_adv`/`kl_adv` (no
+division by w). Value and gradient are finite for every input, exact within the guard wherever representable. The
+loss path never synchronises the device with the host except for one transfer of the stacked metrics.
+
+The loss table (`LOSSES`, `LossSpec`, ...) lives in `rpg.loss_table` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -47,12 +51,15 @@ from typing import Any, Optional
 
 import torch
 
+from rpg import reference
 from rpg.config import RPGPolicyLossConfig, clip_settings, rpg_settings
-from rpg.divergences import DIVERGENCES, Divergence
+from rpg.divergences import LOG_RATIO_GUARD, Divergence, guarded_log_ratio, scaled_ratio
+from rpg.loss_table import (  # noqa: F401  (re-exported: rpg.launch and the tests import them from here)
+    DUAL_CLIP, FAMILIES, FD, HARDCLIP, LOSSES, RATIO_CLIP, REINFORCE, VERL_CLIP_FIELDS, Family, LossSpec,
+    clip_fields, describe_losses, is_rpg_loss, loss_spec,
+)  # fmt: skip
 
 Tensor = torch.Tensor
-
-LOG_RATIO_GUARD = 60.0
 
 # Branch codes of the dual clip (both families), in the order of the table above.
 BRANCHES = ("pos_grad", "pos_flat_high", "neg_flat_low", "neg_grad", "neg_flat_c")
@@ -73,35 +80,25 @@ class ClipParams:
 
 @dataclass
 class TokenLoss:
-    """Per-token loss matrix plus the detached quantities the metrics need (tensors are (bs, T)).
+    """Per-token loss matrix plus the detached quantities the metrics need; every tensor is (bs, T).
 
-    Only `loss` is on the autograd graph. Metric-only quantities (branch codes, KL estimate) are derived lazily, on
-    the valid tokens only, so that a training step pays for them once and cheaply.
+    Only `loss` is on the autograd graph.
     """
 
-    loss: Tensor  # per-token loss, zero on padding
+    loss: Tensor  # per-token loss, exactly zero on padding
+    mask: Tensor  # bool: valid tokens
     w: Tensor  # detached importance ratio π_θ/π_old (1 on padding)
     log_w: Tensor  # detached log w (0 on padding)
-    positive: Tensor  # bool: the dual-clip branch sign (A ≥ 0, Â ≥ 0 or A' ≥ 0 depending on the family/option)
-    clip: ClipParams
+    adv: Tensor  # detached advantage A (0 on padding)
+    branch: Tensor  # int8 dual-clip branch code (BRANCHES), chosen by the sign of A, Â or A' (family/option)
     log_rho: Tensor | float = 0.0  # detached log ρ = log π_ref/π_old (0.0: iterative reference)
     rho: Tensor | float = 1.0
-    kl_weight: Optional[Tensor] = None  # detached C/w (β included), when the family computed it
-
-    @property
-    def branch(self) -> Tensor:
-        """int8 branch code per token (see BRANCHES)."""
-        return dual_clip_branch(self.w, self.positive, self.clip)
+    kl_adv: Optional[Tensor] = None  # detached C/w (β included): the KL part added to the advantage, A' = A + C/w
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # shared pieces
 # ---------------------------------------------------------------------------------------------------------------
-def masked_log_ratio(log_p: Tensor, log_q: Tensor, mask: Tensor) -> Tensor:
-    """log(p/q) on valid tokens, 0 on padding (so NaN/inf garbage never reaches a gradient), guarded to ±60."""
-    return torch.where(mask, log_p - log_q, 0.0).clamp_(-LOG_RATIO_GUARD, LOG_RATIO_GUARD)
-
-
 def reference_ratio(
     old_log_prob: Tensor, ref_log_prob: Optional[Tensor], mask: Tensor
 ) -> tuple[Tensor | float, Tensor | float]:
@@ -109,30 +106,35 @@ def reference_ratio(
     reference."""
     if ref_log_prob is None:
         return 0.0, 1.0
-    log_rho = masked_log_ratio(ref_log_prob.detach(), old_log_prob.detach(), mask)
+    log_rho = guarded_log_ratio(ref_log_prob.detach(), old_log_prob.detach(), mask)
     return log_rho, torch.exp(log_rho)
 
 
 def dual_clip_branch(w: Tensor, positive: Tensor, clip: ClipParams) -> Tensor:
-    """Branch code of the dual clip for a detached ratio `w` and the branch sign `positive` (bool)."""
-    pos = (w >= 1.0 + clip.eps_high).to(torch.int8)  # POS_GRAD = 0, POS_FLAT_HIGH = 1
+    """The dual clip's rule, written once (paper §3.3, App. G.1; docs/losses.md#dual-clip): the int8 branch code of
+    each token from its detached ratio `w` and its branch sign `positive` (bool):
+
+    positive: w < 1+ε2 → POS_GRAD, else POS_FLAT_HIGH;
+    negative: w ≤ 1−ε1 → NEG_FLAT_LOW, 1−ε1 < w < c → NEG_GRAD, w ≥ c → NEG_FLAT_C.
+
+    `clipped_ratio`, `has_gradient` and the metric fractions are derived from it."""
+    pos = torch.where(w < 1.0 + clip.eps_high, POS_GRAD, POS_FLAT_HIGH)
     neg = torch.where(w <= 1.0 - clip.eps_low, NEG_FLAT_LOW, torch.where(w < clip.c, NEG_GRAD, NEG_FLAT_C))
-    return torch.where(positive, pos, neg.to(torch.int8))
+    return torch.where(positive, pos, neg).to(torch.int8)
 
 
-def clipped_ratio(w: Tensor, positive: Tensor, clip: ClipParams) -> Tensor:
-    """The ratio each dual-clip branch multiplies the advantage with: min(w, 1+ε2) for the positive branch,
-    clip(w, 1−ε1, c) for the negative one (flat branches: the bound; gradient branches: w)."""
-    return torch.where(positive, w.clamp(max=1.0 + clip.eps_high), w.clamp(1.0 - clip.eps_low, clip.c))
+def has_gradient(branch: Tensor) -> Tensor:
+    """bool: the branch passes the gradient (POS_GRAD, NEG_GRAD); the flat branches do not."""
+    return (branch == POS_GRAD) | (branch == NEG_GRAD)
 
 
-def dual_clip_pg_loss(w: Tensor, adv: Tensor, clip: ClipParams) -> Tensor:
-    """Dual-clip PPO per token (paper §3.3, App. G.1; Ye et al. 2020), `adv` may carry a gradient.
-
-    L_clip = max(−w·Â, −clip(w, 1−ε1, 1+ε2)·Â);  L = L_clip if Â ≥ 0 else min(L_clip, −c·Â),
-    computed as the identical `−Â·min(w, 1+ε2)` (Â ≥ 0) / `−Â·clip(w, 1−ε1, c)` (Â < 0).
-    """
-    return -adv * clipped_ratio(w, adv >= 0, clip)
+def clipped_ratio(w: Tensor, branch: Tensor, clip: ClipParams) -> Tensor:
+    """The ratio each dual-clip branch multiplies the advantage with: `w` (with its gradient) in the gradient
+    branches, the bound 1+ε2, 1−ε1 or c (constant) in the flat ones. Dual-clip PPO per token is `−A·clipped_ratio`,
+    i.e. `max(−w·A, −clip(w, 1−ε1, 1+ε2)·A)`, and for A < 0 its `min` with `−c·A`."""
+    bound = torch.where(branch == NEG_FLAT_LOW, 1.0 - clip.eps_low, torch.full_like(w, clip.c))
+    bound = torch.where(branch == POS_FLAT_HIGH, 1.0 + clip.eps_high, bound)
+    return torch.where(has_gradient(branch), w, bound)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -154,31 +156,38 @@ def rpg_fully_differentiable(
     docs/losses.md#inside-clip).
 
     additive:    L = L_dualclip(w, SG(A)) + β·clamp?(D̂(w, ρ))
-    inside_clip: L = L_dualclip(w, Â),  Â = A − β·T(w, ρ)/w   (gradient flows through w and Â; T the Table 1/4
-                 loss, i.e. D̂ without URKL's added constant ρ)
+    inside_clip: L = L_dualclip(w, Â),  Â = A − β·clamp?(T(w, ρ))/w   (gradient flows through w and Â; T the Table
+                 1/4 loss, i.e. D̂ without URKL's added constant ρ; β·T/w is `Divergence.table_adv`)
 
-    `kl_clamp` (authors' code: 10, all divergences but FKL) clamps D̂; None = paper.
-    Shapes: all inputs (bs, T); `response_mask` bool. Every term is exactly 0 on padding (w = 1, A = 0, ρ = 1).
+    `kl_clamp` (authors' code: 10, all divergences but FKL) clamps D̂ (T); None = paper.
+    Shapes: all inputs (bs, T); `response_mask` bool. The loss is exactly 0 on padding.
     """
     mask = response_mask.bool()
-    log_w = masked_log_ratio(log_prob, old_log_prob.detach(), mask)
+    log_w = guarded_log_ratio(log_prob, old_log_prob.detach(), mask)
     w = torch.exp(log_w)
     log_rho, rho = reference_ratio(old_log_prob, ref_log_prob, mask)
     adv = torch.where(mask, advantages.detach(), 0.0)
-    # inside_clip puts the Table 1/4 loss itself in Â: a constant in it would move Â, its clip branch and gradient
-    surrogate = (div.table_loss if kl_placement == "inside_clip" else div.surrogate)(log_w, w, log_rho, rho)
-    if kl_clamp is not None and div.reference_clamps:
-        surrogate = surrogate.clamp(-kl_clamp, kl_clamp)
+    clamp = kl_clamp if kl_clamp is not None and div.authors_clamp else None
     if kl_placement == "additive":
-        positive = adv >= 0
-        loss = torch.addcmul(beta * surrogate, adv, clipped_ratio(w, positive, clip), value=-1.0)
+        regulariser = div.surrogate(log_w, w, log_rho, rho)
+        if clamp is not None:
+            regulariser = regulariser.clamp(-clamp, clamp)
+        branch = dual_clip_branch(w.detach(), adv >= 0, clip)
+        loss = torch.addcmul(beta * regulariser, adv, clipped_ratio(w, branch, clip), value=-1.0)
     elif kl_placement == "inside_clip":
-        adv_hat = adv - beta * surrogate / w
-        positive = adv_hat.detach() >= 0
-        loss = -adv_hat * clipped_ratio(w, positive, clip)
+        kl_part = div.table_adv(log_w, log_rho, beta)  # β·T/w
+        if clamp is not None:  # β·clamp(T)/w: ±β·kl_clamp/w where |T| > kl_clamp
+            with torch.no_grad():
+                table = div.table_loss(log_w, w, log_rho, rho)
+            saturated = torch.sign(table) * clamp * scaled_ratio(-log_w, beta)
+            kl_part = torch.where(table.abs() <= clamp, kl_part, saturated)
+        adv_hat = adv - kl_part
+        branch = dual_clip_branch(w.detach(), adv_hat.detach() >= 0, clip)
+        loss = -adv_hat * clipped_ratio(w, branch, clip)
     else:
         raise ValueError(f"kl_placement={kl_placement!r}; choose 'additive' or 'inside_clip'")
-    return TokenLoss(loss, w.detach(), log_w.detach(), positive, clip, log_rho, rho)
+    loss = torch.where(mask, loss, 0.0)
+    return TokenLoss(loss, mask, w.detach(), log_w.detach(), adv, branch, log_rho, rho)
 
 
 def rpg_reinforce(
@@ -197,54 +206,55 @@ def rpg_reinforce(
     """RPG-REINFORCE with RPG-Style Clip (Algorithm 2; docs/losses.md#algorithm-2), or the hard-clip variant
     (docs/losses.md#hard-clip).
 
-    C = β·C_KL(w̄ or w, ρ) (Remark F.2: w̄ by default), A' = A + C/w, ℓ = −log π_θ;
+    C = β·C_KL(w̄ or w, ρ) (Remark F.2: w̄ by default), A' = A + C/w (`Divergence.kl_adv`), ℓ = −log π_θ;
     per-token loss `weight · ℓ` where the gradient flows only in the "grad" branches (table in the module doc).
     `branch_on="advantage"` branches on sign(A) with A = 0 negative, as the authors' code does
     (docs/differences.md#d4, (b)).
     `hard_clip=True`: weight = w̄·A + C on every token, always with gradient.
+    Shapes: all inputs (bs, T); `response_mask` bool. The loss is exactly 0 on padding.
     """
     mask = response_mask.bool()
     with torch.no_grad():
-        log_w = masked_log_ratio(log_prob.detach(), old_log_prob, mask)
+        log_w = guarded_log_ratio(log_prob.detach(), old_log_prob, mask)
         w = torch.exp(log_w)
         log_rho, rho = reference_ratio(old_log_prob, ref_log_prob, mask)
         adv = torch.where(mask, advantages, 0.0)
         w_bar = w.clamp(1.0 - clip.eps_low, 1.0 + clip.eps_high)
         if kl_ratio == "clipped":  # log w̄ = clip(log w) (log is monotonic)
-            log_w_bar = log_w.clamp(math.log(1.0 - clip.eps_low), math.log(1.0 + clip.eps_high))
-            kl_c = beta * div.kl_component(log_w_bar, w_bar, log_rho, rho)
+            log_w_kl = log_w.clamp(math.log(1.0 - clip.eps_low), math.log(1.0 + clip.eps_high))
+            w_kl = w_bar
         elif kl_ratio == "raw":
-            kl_c = beta * div.kl_component(log_w, w, log_rho, rho)
+            log_w_kl, w_kl = log_w, w
         else:
             raise ValueError(f"kl_ratio={kl_ratio!r}; choose 'clipped' or 'raw'")
-        kl_weight = kl_c / w  # C/w: A' = A + C/w (Algorithm 2 line 14 divides by the raw w)
+        kl_c = beta * div.kl_component(log_w_kl, w_kl, log_rho, rho)
+        kl_adv = div.kl_adv(log_w_kl, log_w, log_rho, beta)  # C/w (Algorithm 2 line 14 divides by the raw w)
         if branch_on == "effective_advantage":
-            positive = adv + kl_weight >= 0
+            positive = adv + kl_adv >= 0
         elif branch_on == "advantage":
             positive = adv > 0
         else:
             raise ValueError(f"branch_on={branch_on!r}; choose 'effective_advantage' or 'advantage'")
+        branch = dual_clip_branch(w, positive, clip)
         if hard_clip:
             weight = torch.addcmul(kl_c, w_bar, adv)
-            has_grad = None
         else:
-            weight = torch.addcmul(kl_c, clipped_ratio(w, positive, clip), adv)
-            upper = torch.where(positive, w.new_tensor(1.0 + clip.eps_high), w.new_tensor(clip.c))
-            has_grad = (w < upper) & (positive | (w > 1.0 - clip.eps_low))
+            weight = torch.addcmul(kl_c, clipped_ratio(w, branch, clip), adv)
     nll = torch.where(mask, -log_prob, 0.0)
-    if has_grad is not None:
-        nll = torch.where(has_grad, nll, nll.detach())
+    if not hard_clip:
+        nll = torch.where(has_gradient(branch), nll, nll.detach())
     loss = weight * nll
-    return TokenLoss(loss, w, log_w, positive, clip, log_rho, rho, kl_weight)
+    return TokenLoss(loss, mask, w, log_w, adv, branch, log_rho, rho, kl_adv)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # verl wiring: registered functions with verl 0.9.1's PolicyLossFn signature
 # ---------------------------------------------------------------------------------------------------------------
-def _metrics(out: TokenLoss, advantages: Tensor, mask: Tensor, div: Divergence, beta: float) -> dict[str, float]:
-    """Dashboard metrics, computed on the valid tokens only with one host sync.
+def metric_tensors(out: TokenLoss, div: Divergence, beta: float) -> dict[str, Tensor]:
+    """Dashboard metrics as 0-d float64 tensors on the loss's device, over the valid tokens only (masked sums, no
+    host synchronisation; `_n` is the number of valid tokens).
 
-    actor/rpg/kl            mean per-token estimate of D(π_θ, π_ref) (k3-type, ≥ 0; see rpg.divergences)
+    actor/rpg/kl            mean per-token estimate of D(π_θ, π_ref) (k3-type, ≥ 0; `Divergence.estimate`)
     actor/rpg/frac_<branch> fraction of tokens in each dual-clip branch (BRANCHES)
     actor/rpg/kl_adv_abs    mean |C/w|: the KL part of the effective advantage A' = A + C/w (both families:
                             the fully differentiable KL term has gradient weight C_KL(w) per token)
@@ -253,68 +263,44 @@ def _metrics(out: TokenLoss, advantages: Tensor, mask: Tensor, div: Divergence, 
     and verl's standard actor/ppo_kl, actor/pg_clipfrac (flat branches at 1±ε), actor/pg_clipfrac_lower (at c).
     """
     with torch.no_grad():
-        idx = mask.reshape(-1).nonzero().squeeze(1)  # valid tokens, found once
-        n = idx.numel()
-        if n == 0:
-            return {}
+        mask = out.mask
+        n = mask.sum(dtype=torch.float64)
+        denominator = n.clamp_min(1.0)
 
-        def valid(x: Tensor | float) -> Tensor | float:
-            return x.reshape(-1).index_select(0, idx) if isinstance(x, Tensor) else x
+        def mean(x: Tensor) -> Tensor:
+            return torch.where(mask, x, 0.0).sum(dtype=torch.float64) / denominator
 
-        w, log_w, pos = valid(out.w), valid(out.log_w), valid(out.positive)
-        log_rho, rho = valid(out.log_rho), valid(out.rho)
-        if out.kl_weight is not None:
-            kl_weight = valid(out.kl_weight)
-        else:
-            kl_weight = div.kl_component(log_w, w, log_rho, rho).div_(w).mul_(beta)
-        clip = out.clip
-        n_pos = pos.sum()
-        pos_flat = (pos & (w >= 1.0 + clip.eps_high)).sum()
-        neg_low = (~pos & (w <= 1.0 - clip.eps_low)).sum()
-        neg_c = (~pos & (w >= clip.c)).sum()
-        kl_abs = kl_weight.abs().mean()
-        stats = torch.stack(
-            [
-                (n_pos - pos_flat).to(w.dtype) / n,
-                pos_flat.to(w.dtype) / n,
-                neg_low.to(w.dtype) / n,
-                (n - n_pos - neg_low - neg_c).to(w.dtype) / n,
-                neg_c.to(w.dtype) / n,
-                div.estimate(log_w, w, log_rho, rho).mean(),
-                kl_abs,
-                kl_abs / valid(advantages).abs().mean().clamp_min(1e-12),
-                w.mean(),
-                w.max(),
-                w.min(),
-                -log_w.mean(),
-            ]
-        )
-        values = stats.tolist()
-    b = dict(zip(BRANCHES, values[: len(BRANCHES)]))
-    kl, kl_abs_v, kl_rel, r_mean, r_max, r_min, ppo_kl = values[len(BRANCHES) :]
-    metrics = {f"actor/rpg/frac_{k}": v for k, v in b.items()}
-    metrics.update(
-        {
-            "actor/rpg/kl": kl,
-            "actor/rpg/kl_adv_abs": kl_abs_v,
-            "actor/rpg/kl_adv_rel": kl_rel,
-            "actor/rpg/ratio_mean": r_mean,
-            "actor/rpg/ratio_max": r_max,
-            "actor/rpg/ratio_min": r_min,
-            "actor/ppo_kl": ppo_kl,
-            "actor/pg_clipfrac": b["pos_flat_high"] + b["neg_flat_low"],
-            "actor/pg_clipfrac_lower": b["neg_flat_c"],
-        }
-    )
-    return metrics
+        kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_w, out.log_rho, beta)
+        stats = {f"actor/rpg/frac_{name}": mean(out.branch == code) for code, name in enumerate(BRANCHES)}
+        kl_abs = mean(kl_adv.abs())
+        stats.update({
+            "actor/rpg/kl": mean(div.estimate(out.log_w, out.w, out.log_rho, out.rho)),
+            "actor/rpg/kl_adv_abs": kl_abs,
+            "actor/rpg/kl_adv_rel": kl_abs / mean(out.adv.abs()).clamp_min(1e-12),
+            "actor/rpg/ratio_mean": mean(out.w),
+            "actor/rpg/ratio_max": torch.where(mask, out.w, -math.inf).amax().double(),
+            "actor/rpg/ratio_min": torch.where(mask, out.w, math.inf).amin().double(),
+            "actor/ppo_kl": -mean(out.log_w),
+            "actor/pg_clipfrac": stats["actor/rpg/frac_pos_flat_high"] + stats["actor/rpg/frac_neg_flat_low"],
+            "actor/pg_clipfrac_lower": stats["actor/rpg/frac_neg_flat_c"],
+            "_n": n,
+        })  # fmt: skip
+    return stats
+
+
+def _metrics(out: TokenLoss, div: Divergence, beta: float) -> dict[str, float]:
+    """`metric_tensors` as Python floats, with ONE device→host transfer (verl's `Metric` would call `.item()` on
+    each tensor); {} for a micro-batch without valid tokens."""
+    stats = metric_tensors(out, div, beta)
+    values = torch.stack(list(stats.values())).tolist()
+    metrics = dict(zip(stats, values))
+    return {} if metrics.pop("_n") == 0 else metrics
 
 
 def _ref_log_prob(settings: RPGPolicyLossConfig, loss_name: str) -> Optional[Tensor]:
     """The reference log-probs of the current micro-batch, or None for the iterative reference (ρ ≡ 1)."""
     if not settings.needs_ref_log_prob:
         return None
-    from rpg import reference
-
     reference.require(settings)  # the adapter is installed in this process
     ref = reference.current_ref_log_prob()
     if ref is None:
@@ -328,7 +314,7 @@ def _ref_log_prob(settings: RPGPolicyLossConfig, loss_name: str) -> Optional[Ten
     return ref
 
 
-def make_policy_loss(spec: "LossSpec"):
+def make_policy_loss(spec: LossSpec):
     """Build the verl `PolicyLossFn` of one row of the loss table.
 
     The returned function has verl 0.9.1's signature `(old_log_prob, log_prob, advantages, response_mask,
@@ -336,7 +322,7 @@ def make_policy_loss(spec: "LossSpec"):
     `policy_loss` is an `RPGPolicyLossConfig` (validated when it was built: options, bypass mode). The per-token loss
     is multiplied by `rollout_is_weights` (verl's TIS correction of the rollout/π_old mismatch, as in verl's vanilla
     loss; it applies to the KL term too, whose expectation is also over π_old) and aggregated with verl's `agg_loss`
-    over the global batch.
+    over the global batch. One device→host transfer per call (the metrics).
     """
     from verl.trainer.ppo.core_algos import agg_loss
 
@@ -369,163 +355,11 @@ def make_policy_loss(spec: "LossSpec"):
             )  # fmt: skip
         loss_mat = out.loss
         if rollout_is_weights is not None:
-            loss_mat = loss_mat * torch.where(response_mask.bool(), rollout_is_weights, 0.0)
+            loss_mat = loss_mat * torch.where(out.mask, rollout_is_weights, 0.0)
         batch_info = config.get("global_batch_info", None) or {}
         loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
-        return loss, _metrics(out, advantages, response_mask, div, settings.kl_coef)
+        return loss, _metrics(out, div, settings.kl_coef)
 
     policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{spec.name}"
     policy_loss.__doc__ = f"verl policy loss `{spec.name}` ({spec.paper_row}): {spec.description}"
     return policy_loss
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the loss table: one row per registered name; registration, config validation, the launcher's rules,
-# `python -m rpg.launch --list` and the README's loss table all read it
-# ---------------------------------------------------------------------------------------------------------------
-FD, REINFORCE, HARDCLIP = "fd", "reinforce", "hardclip"
-DUAL_CLIP = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # ε1, ε2, c
-RATIO_CLIP = ("clip_ratio_low", "clip_ratio_high")  # ε1, ε2 (no dual-clip bound)
-
-# verl's own losses that read the clip fields as PPO's ratio clip [1 − ε1, 1 + ε2] (and, for vanilla, the dual-clip
-# bound c, which verl asserts > 1 only at the first update): checked at compose time like the RPG rows.
-VERL_CLIP_FIELDS = {"vanilla": DUAL_CLIP, "gspo": RATIO_CLIP, "cispo": RATIO_CLIP}
-
-
-@dataclass(frozen=True)
-class Family:
-    """What the losses of one family share. `paper_row` and `authors` may contain `{DIV}` / `{div}`."""
-
-    name: str
-    paper_row: str
-    description: str
-    options: tuple[str, ...]  # RPGPolicyLossConfig options that change this family's loss (besides kl_coef, reference)
-    clip_fields: tuple[str, ...]  # verl actor fields the loss reads
-    authors: str  # the authors' `kl_loss_type` for the same loss
-
-
-FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in (
-        Family(FD, "RPG-{DIV}",
-               "dual-clip PPO on the detached `A` plus the unclipped regulariser `β·D̂(w)` (Tables 1/4); "
-               "`kl_placement=inside_clip` is the literal Algorithm 1",
-               ("kl_placement", "kl_clamp"), DUAL_CLIP, "`rpg_{div}` with `use_kl_loss=True`"),
-        Family(REINFORCE, "RPG-REINFORCE-{DIV}",
-               "Algorithm 2: `−SG(w·A + C_KL)·log π` with RPG-Style Clip, branching on `A' = A + C_KL/w`, `C_KL` at "
-               "the clipped ratio (Remark F.2), flat branches without gradient",
-               ("branch_on", "kl_ratio"), DUAL_CLIP, "`rpg_rf_{div}_clip_ppo` (never reached in their code)"),
-        Family(HARDCLIP, "— (the authors' `rkl1e-4_rf` script)",
-               "`−SG(w̄·A + C_KL(w̄))·log π` on every token: truncated importance weight both ways, no dual clip",
-               ("kl_ratio",), RATIO_CLIP, "`rpg_rf_{div}`, `rpg_rf_{div}_clip_hard`"),
-    )
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class LossSpec:
-    """One registered RPG policy loss.
-
-    Attributes:
-        name: the `policy_loss.loss_mode` name registered in verl's policy-loss registry.
-        family: FD (fully differentiable), REINFORCE (Algorithm 2) or HARDCLIP.
-        divergence: the row of `rpg.divergences.DIVERGENCES` the loss is built from.
-        needs_reference: the loss needs verl's reference model even with `reference=iterative` (`ref_log_prob`).
-        options: the `RPGPolicyLossConfig` options that change this loss (`kl_clamp` and `kl_ratio` not for FKL,
-            see `_acts_on`); the `ref_refresh_*` options apply to any loss with `reference=periodic` (`rpg.config`).
-        clip_fields: the verl actor clip fields the loss reads (validated at compose time and by the loss).
-        paper_row, description, authors: for `--list` and the README (the authors' `kl_loss_type`).
-    """
-
-    name: str
-    family: str
-    divergence: Divergence
-    needs_reference: bool
-    options: tuple[str, ...]
-    clip_fields: tuple[str, ...]
-    paper_row: str
-    description: str
-    authors: str
-
-
-def _acts_on(option: str, div: Divergence) -> bool:
-    """Whether a family option acts on `div`: `kl_clamp` only where the authors clamp, `kl_ratio` only where C_KL
-    depends on w (not FKL, whose C_KL is the constant ρ)."""
-    return {"kl_clamp": div.reference_clamps, "kl_ratio": div.ratio_dependent_kl}.get(option, True)
-
-
-def _row(name: str, family: str, div: Divergence, needs_reference: bool = False, **text: str) -> LossSpec:
-    fam = FAMILIES[family]
-    options = ("kl_coef", "reference") + tuple(o for o in fam.options if _acts_on(o, div))
-    paper_row = text.get("paper_row", fam.paper_row.format(DIV=div.paper_name))
-    authors = text.get("authors", fam.authors.format(div=div.name))
-    description = text.get("description", fam.description)
-    return LossSpec(name, family, div, needs_reference, options, fam.clip_fields, paper_row, description, authors)
-
-
-LOSSES: dict[str, LossSpec] = {
-    s.name: s
-    for s in (
-        *(_row(f"rpg_{d.name}", FD, d) for d in DIVERGENCES.values()),
-        *(_row(f"rpg_reinforce_{d.name}", REINFORCE, d) for d in DIVERGENCES.values()),
-        *(_row(f"rpg_reinforce_hardclip_{d.name}", HARDCLIP, d) for d in DIVERGENCES.values()),
-        # GRPO's KL made exact (paper §2.2): dual-clip PPO + β·w·k3(π_ref/π_θ) against a frozen/periodic reference.
-        _row("grpo_wk3", FD, DIVERGENCES["urkl"], needs_reference=True, paper_row="§2.2 corrected GRPO KL",
-             description="dual-clip PPO + `β·w·k3(π_ref/π_θ)` against verl's reference model: GRPO's KL with the "
-                         "importance weight it omits (URKL surrogate with ρ = π_ref/π_old)",
-             authors="— (their GRPO uses verl's `low_var_kl`)"),
-    )
-}  # fmt: skip
-
-
-def loss_spec(loss_mode: str) -> Optional[LossSpec]:
-    """The table row of an RPG loss, None for any other name (verl's own losses)."""
-    return LOSSES.get(loss_mode)
-
-
-def is_rpg_loss(loss_mode: str) -> bool:
-    """True for the losses of this table, the ones that read `RPGPolicyLossConfig`."""
-    return loss_mode in LOSSES
-
-
-def clip_fields(loss_mode: str) -> tuple[str, ...]:
-    """The verl actor clip fields `loss_mode` reads and the compose-time check validates (empty: not checked)."""
-    spec = loss_spec(loss_mode)
-    return spec.clip_fields if spec is not None else VERL_CLIP_FIELDS.get(loss_mode, ())
-
-
-_CLIP_SYMBOLS = {"clip_ratio_low": "ε1", "clip_ratio_high": "ε2", "clip_ratio_c": "c"}
-
-
-def describe_losses(markdown: bool = False) -> str:
-    """The loss table as text (`python -m rpg.launch --list`) or as the README's markdown table (`--markdown`).
-
-    The markdown groups the rows that agree on everything but the divergence, one line per group.
-    """
-    if not markdown:
-        header = f"{'loss_mode':30} {'family':9} {'div':5} {'ref model':9} {'clip':9} options"
-        lines = [header, "-" * len(header)]
-        for s in LOSSES.values():
-            clip = ",".join(_CLIP_SYMBOLS[f] for f in s.clip_fields)
-            lines.append(f"{s.name:30} {s.family:9} {s.divergence.name:5} {'needed' if s.needs_reference else '-':9} "
-                         f"{clip:9} {', '.join(s.options)}")  # fmt: skip
-        return "\n".join(lines) + "\n"
-    groups: dict[tuple, list[LossSpec]] = {}
-    for s in LOSSES.values():
-        key = (s.family, s.needs_reference, s.options, s.clip_fields, s.description)
-        groups.setdefault(key, []).append(s)
-    lines = [
-        "| loss_mode | paper row | what it is | options (all: `kl_coef`, `reference`) | clip | reference model "
-        "| authors' `kl_loss_type` |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for rows in groups.values():
-        s, family = rows[0], FAMILIES[rows[0].family]
-        names = ", ".join(f"`{r.name}`" for r in rows)
-        paper = s.paper_row if len(rows) == 1 else family.paper_row.format(DIV="<DIV>")
-        authors = s.authors if len(rows) == 1 else family.authors.format(div="<div>")
-        options = ", ".join(f"`{o}`" for o in s.options if o not in ("kl_coef", "reference")) or "—"
-        clip = ", ".join(_CLIP_SYMBOLS[f] for f in s.clip_fields)
-        ref = "always" if s.needs_reference else "`frozen`/`periodic` only"
-        lines.append(f"| {names} | {paper} | {s.description} | {options} | {clip} | {ref} | {authors} |")
-    return "\n".join(lines) + "\n"

@@ -2,14 +2,15 @@
 
 verl 0.9.1 imports this module on `import verl` in every process (driver, TaskRunner, workers) through the
 `[project.entry-points."verl.plugins"] rpg = "rpg.verl_plugin"` entry point. Registering names is all it does: no verl
-function or class is wrapped here, so a verl run that selects no RPG feature runs verl's own code. The one adapter a
-reference mode needs is installed only when a run's `RPGPolicyLossConfig` asks for it (`rpg.reference`).
+function or class is wrapped here, so a verl run that selects no RPG feature runs verl's own code. Importing
+`rpg.reference` registers its installer with `rpg.config.on_build`: the adapter a reference mode needs is installed
+only when a run's `RPGPolicyLossConfig` is built and asks for it (`rpg.reference`).
 
 verl swallows plugin import errors at DEBUG level, so this module is deliberately small;
 `tests/test_registration_on_cpu.py` checks that a plain `import verl` registers every name and patches nothing.
 Registration is idempotent (re-importing re-registers the same objects).
 
-Registered: every row of the loss table `rpg.losses.LOSSES` (`python -m rpg.launch --list`) as a policy loss, and
+Registered: every row of the loss table `rpg.loss_table.LOSSES` (`python -m rpg.launch --list`) as a policy loss, and
 the advantage estimators `rpg`, `rpg_batchmean`.
 """
 
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY, register_adv_est, register_policy_loss
 
+import rpg.reference  # noqa: F401  (registers the reference installer with rpg.config.on_build in every verl process)
 from rpg.advantages import ADVANTAGE_ESTIMATORS
-from rpg.losses import LOSSES, make_policy_loss
+from rpg.loss_table import LOSSES
+from rpg.losses import make_policy_loss
 
 
 def register() -> list[str]:

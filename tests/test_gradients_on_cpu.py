@@ -181,25 +181,30 @@ def test_inside_clip_is_literal_algorithm_1_with_the_table_loss_outside_the_trus
 # mutation tests: the checks above must fail when the math is wrong
 # ---------------------------------------------------------------------------------------------------------------
 def _perturbed(div: Divergence, which: str) -> Divergence:
+    """`div` with 0.05·w added to the factor of w in C_KL/β (`kl_w`) or in the Table loss T (`table_w`): the REINFORCE
+    weight or the surrogate gains 0.05·w², which is not zero-mean."""
     base = getattr(div, which)
-    return dataclasses.replace(div, **{which: lambda lw, w, lr, r: base(lw, w, lr, r) + 0.05 * w * w})  # not zero-mean
+
+    def perturbed(lw, lr):
+        return (0.0 if base is None else base(lw, lr)) + 0.05 * lw.exp()
+
+    return dataclasses.replace(div, **{which: perturbed})
 
 
 @pytest.mark.parametrize("div", DIVS)
 def test_checks_detect_a_perturbed_reinforce_weight(div):
-    bad = _perturbed(DIVERGENCES[div], "kl_component")
+    bad = _perturbed(DIVERGENCES[div], "kl_w")
     assert per_token_error("reinforce_raw", bad, 3) > 1e-3
     assert expectation_error("reinforce_raw", bad, 3)[0] > 1e-4
     assert expectation_error("reinforce_raw", DIVERGENCES[div], 3)[0] < 1e-10
 
 
+@pytest.mark.parametrize("family", ["fd", "fd_inside"])
 @pytest.mark.parametrize("div", DIVS)
-def test_checks_detect_a_perturbed_surrogate(div):
-    bad = dataclasses.replace(
-        DIVERGENCES[div], surrogate=lambda lw, w, lr, r, f=DIVERGENCES[div].surrogate: f(lw, w, lr, r) + 0.05 * w * w
-    )
-    assert per_token_error("fd", bad, 3) > 1e-3
-    assert expectation_error("fd", bad, 3)[0] > 1e-4
+def test_checks_detect_a_perturbed_surrogate(div, family):
+    bad = _perturbed(DIVERGENCES[div], "table_w")
+    assert per_token_error(family, bad, 3) > 1e-3
+    assert expectation_error(family, bad, 3)[0] > 1e-4
 
 
 @pytest.mark.parametrize("family", ["fd", "reinforce_raw"])

@@ -127,7 +127,7 @@ def test_reinforce_has_the_gradient_of_dual_clip_ppo_on_the_effective_advantage(
     cfg = actor_config(f"rpg_reinforce_{div}", kl_coef=beta)
     _, grad, _ = _registered(f"rpg_reinforce_{div}", old, log_prob, adv, mask, cfg)
     out = L.rpg_reinforce(log_prob, old, adv, mask, DIVERGENCES[div], beta, CLIP)
-    _, v_grad = _vanilla(old, log_prob, (adv + out.kl_weight) * mask, mask, cfg)
+    _, v_grad = _vanilla(old, log_prob, (adv + out.kl_adv) * mask, mask, cfg)
     assert torch.allclose(grad, v_grad, rtol=1e-10, atol=1e-14)
     assert ((out.branch == L.POS_FLAT_HIGH) | (out.branch == L.NEG_FLAT_LOW))[mask].any()  # clipped tokens exist
 
@@ -345,3 +345,38 @@ def test_frozen_reference_uses_the_shipped_ref_log_prob(name, monkeypatch):
     monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: None)
     with pytest.raises(ValueError, match="use_kl_loss=True"):
         _registered(name, old, log_prob, adv, mask, cfg)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the logged KL estimate (docs/losses.md#metrics): closed form, for every loss, with a reference ρ ≠ 1
+# ---------------------------------------------------------------------------------------------------------------
+def _loss_settings():
+    """(loss, settings) for every registered loss and every value of its kl_placement option."""
+    for name, spec in sorted(L.LOSSES.items()):
+        placements = ["additive", "inside_clip"] if "kl_placement" in spec.options else [None]
+        for placement in placements:
+            yield pytest.param(name, {} if placement is None else {"kl_placement": placement},
+                               id=name if placement is None else f"{name}-{placement}")  # fmt: skip
+
+
+@pytest.mark.parametrize("name, settings", list(_loss_settings()))
+def test_logged_kl_is_the_closed_form_estimate_with_a_reference(name, settings, monkeypatch):
+    """actor/rpg/kl = mean over valid tokens of ρ·k3(w/ρ) (forward divergences) or w·k3(ρ/w) (reverse ones),
+    written here from k3(y) = y − 1 − log y with Python's math, for a frozen reference (ρ a tensor)."""
+    import rpg.reference
+
+    old, log_prob, adv, mask = random_batch(13, spread=0.8)
+    ref = old + 0.7 * torch.randn(old.shape, generator=torch.Generator().manual_seed(2), dtype=old.dtype)
+    monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: ref)
+    cfg = actor_config(name, kl_coef=0.1, reference="frozen", **settings)
+    _, _, metrics = _registered(name, old, log_prob, adv, mask, cfg)
+
+    def k3(y):
+        return y - 1.0 - math.log(y)
+
+    forward = L.LOSSES[name].divergence.name in ("fkl", "ufkl")
+    estimates = []
+    for lp, o, r in zip(log_prob.detach()[mask].tolist(), old[mask].tolist(), ref[mask].tolist()):
+        w, rho = math.exp(lp - o), math.exp(r - o)
+        estimates.append(rho * k3(w / rho) if forward else w * k3(rho / w))
+    assert metrics["actor/rpg/kl"] == pytest.approx(sum(estimates) / len(estimates), rel=1e-10)

@@ -26,10 +26,12 @@ One module per job:
   ``ActorRolloutRefWorker`` and the checkpoint of the reference state.
 
 When verl is patched: only when a run asks for it. ``import verl`` (the plugin entry point) registers names and
-patches nothing. `install(settings)` is called by `RPGPolicyLossConfig.__post_init__`, i.e. wherever verl builds the
-actor config: in the launcher's dry run and, in every actor worker, in ``ActorRolloutRefWorker.init_model``
+patches nothing. This package registers `install` with `rpg.config.on_build`, so `install(settings)` runs at the end of
+every `RPGPolicyLossConfig.__post_init__` in a process that imported it — every verl process does, through the plugin
+entry point (`rpg.verl_plugin` imports `rpg.losses`, which imports this package). verl builds the actor config in the
+launcher's dry run and, in every actor worker, in ``ActorRolloutRefWorker.init_model``
 (``omega_conf_to_dataclass(config.actor)``), which runs before it binds ``ppo_loss`` into the worker's loss function
-and before any training step. It installs the adapter when the settings need ``ref_log_prob`` (a reference mode
+and before any training step. `install` installs the adapter when the settings need ``ref_log_prob`` (a reference mode
 other than ``iterative``, or a loss that needs a reference model such as ``grpo_wk3``) and, for ``periodic``, the
 worker hooks. Each patch checks the verl version and the signature of what it wraps (`rpg.compat`) and fails at
 start-up, naming both, when they differ (in the launcher: before Ray starts). `require(settings)`, called by the RPG
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rpg.config import on_build
 from rpg.reference import adapter, periodic
 from rpg.reference.adapter import current_ref_log_prob, token_kl_to_reference
 from rpg.reference.periodic import PeriodicReference, copy_policy_weights
@@ -68,6 +71,7 @@ def _needed(settings: Any) -> list[tuple[str, Any]]:
     return needed
 
 
+@on_build
 def install(settings: Any) -> None:
     """Install what `settings` needs (nothing for the iterative reference with a loss that needs no reference).
 
@@ -86,7 +90,8 @@ def require(settings: Any) -> None:
         raise RuntimeError(
             f"loss_mode={settings.loss_mode!r} with reference={settings.reference!r} needs "
             f"{' and '.join(absent)}, which is not installed in this process. It is installed when "
-            f"rpg.RPGPolicyLossConfig is built (verl's ActorRolloutRefWorker.init_model builds it from "
+            f"rpg.RPGPolicyLossConfig is built in a process that imported rpg.reference (verl's "
+            f"ActorRolloutRefWorker.init_model builds it from "
             f"actor_rollout_ref.actor.policy_loss with _target_=rpg.RPGPolicyLossConfig); if this process builds the "
             f"loss config another way, call rpg.reference.install(settings) first."
         )

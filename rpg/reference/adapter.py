@@ -10,9 +10,9 @@ reference's κ criterion needs (`rpg.reference.periodic`).
 
 `install()` replaces `ppo_loss` in `verl.workers.utils.losses` and the copy `verl.workers.engine_workers` binds with
 `from ... import ppo_loss`, after checking the verl version and `ppo_loss`'s signature (`rpg.compat`). It runs only
-when a run needs it (`rpg.reference.install`, called by `RPGPolicyLossConfig`); a verl run that selects no RPG
-reference mode or reference-based loss keeps verl's own `ppo_loss`. verl's `distillation_ppo_loss` binds its own copy
-and is not covered.
+when a run needs it (`rpg.reference.install`, run when an `RPGPolicyLossConfig` is built); a verl run that selects
+no RPG reference mode or reference-based loss keeps verl's own `ppo_loss`. verl's `distillation_ppo_loss` binds its
+own copy and is not covered.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from rpg.compat import SUPPORTED_VERL, require_signature, require_version
+from rpg.divergences import guarded_log_ratio, w_k3
 
 __all__ = ["KL_METER", "check", "current_ref_log_prob", "install", "installed", "token_kl_to_reference"]
 
@@ -53,43 +54,48 @@ def current_ref_log_prob() -> Optional[Tensor]:
 
 def token_kl_to_reference(
     log_prob: Tensor, old_log_prob: Tensor, ref_log_prob: Tensor, mask: Tensor
-) -> tuple[float, float]:
-    """(Σ KL̂, #tokens) of the importance-weighted k3 estimate of KL(π_θ‖π_ref) over the masked tokens.
+) -> tuple[Tensor, Tensor]:
+    """(Σ KL̂, #tokens) of the importance-weighted k3 estimate of KL(π_θ‖π_ref) over the masked tokens, as float64
+    0-d tensors on the inputs' device (no host synchronisation).
 
-    Per token (paper §2.2, the corrected GRPO estimator): ``w·k3(π_ref/π_θ) = w·(ρ' − 1 − log ρ')`` with
-    ``ρ' = exp(ref − lp)`` and ``w = exp(lp − old)``; for tokens sampled from π_old its expectation is
+    Per token (paper §2.2, the corrected GRPO estimator): ``w·k3(π_ref/π_θ) = w·k3(ρ/w)`` (`rpg.divergences.w_k3`)
+    with ``w = π_θ/π_old`` and ``ρ = π_ref/π_old``; for tokens sampled from π_old its expectation is
     KL(π_θ(·|h)‖π_ref(·|h)), and it is ≥ 0. All inputs (bs, response_len); the result is detached (a monitoring
-    statistic, no gradient). Log-ratios are clamped to ±20 so that garbage on padding or a wild ratio cannot produce
-    inf/NaN.
+    statistic, no gradient). Log-ratios go through the losses' guard (`rpg.divergences.guarded_log_ratio`: 0 on
+    padding, ±LOG_RATIO_GUARD), so garbage on padding or a wild ratio cannot produce inf/NaN.
     """
     with torch.no_grad():
         m = mask.to(torch.bool)
         lp = log_prob.detach().double()
-        log_rho = (ref_log_prob.double() - lp).clamp(-20.0, 20.0).masked_fill(~m, 0.0)
-        log_w = (lp - old_log_prob.double()).clamp(-20.0, 20.0).masked_fill(~m, 0.0)
-        kl = torch.exp(log_w) * (torch.expm1(log_rho) - log_rho)
-        return float(kl[m].sum()), float(m.sum())
+        log_w = guarded_log_ratio(lp, old_log_prob.detach().double(), m)
+        log_rho = guarded_log_ratio(ref_log_prob.detach().double(), old_log_prob.detach().double(), m)
+        kl = w_k3(log_w, torch.exp(log_w), log_rho, torch.exp(log_rho))
+        return torch.where(m, kl, 0.0).sum(), m.sum(dtype=torch.float64)
 
 
 class _KLMeter:
-    """Accumulates Σ_tokens KL and #tokens over one training step (detached, float64), fed by the ppo_loss wrapper."""
+    """Accumulates Σ_tokens KL and #tokens over one training step (detached, float64), fed by the ppo_loss wrapper.
+
+    The sums stay on the device (`add` never synchronises); `stop` transfers both at once."""
 
     def __init__(self) -> None:
         self.active = False
-        self.kl_sum = 0.0
-        self.tokens = 0.0
+        self._sums: Optional[Tensor] = None
 
     def start(self) -> None:
-        self.active, self.kl_sum, self.tokens = True, 0.0, 0.0
+        self.active, self._sums = True, None
 
     def stop(self) -> tuple[float, float]:
         self.active = False
-        return self.kl_sum, self.tokens
+        if self._sums is None:
+            return 0.0, 0.0
+        kl_sum, tokens = self._sums.tolist()  # the one device→host transfer of the training step
+        self._sums = None
+        return kl_sum, tokens
 
     def add(self, log_prob: Tensor, old_log_prob: Tensor, ref_log_prob: Tensor, mask: Tensor) -> None:
-        kl_sum, tokens = token_kl_to_reference(log_prob, old_log_prob, ref_log_prob, mask)
-        self.kl_sum += kl_sum
-        self.tokens += tokens
+        sums = torch.stack(token_kl_to_reference(log_prob, old_log_prob, ref_log_prob, mask))
+        self._sums = sums if self._sums is None else self._sums + sums
 
 
 KL_METER = _KLMeter()

@@ -50,13 +50,13 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Optional
 
 import torch
 from tensordict import TensorDict
 
+from rpg.atomic import atomic_write_json
 from rpg.compat import SUPPORTED_VERL, require_signature, require_version
 from rpg.reference.adapter import KL_METER
 from rpg.reference.schedule import RefreshSchedule
@@ -145,22 +145,6 @@ def _all_reduce_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
-def _write_json_atomic(path: str, payload: dict) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 class PeriodicReference:
     """Per-worker state of the ``periodic`` mode: the schedule and the refresh/save/load of the reference engine.
 
@@ -238,7 +222,7 @@ class PeriodicReference:
                 "has_ref_weights": has_weights,
                 "schedule": self.schedule.state_dict(),
             }
-            _write_json_atomic(os.path.join(root, STATE_FILE), payload)
+            atomic_write_json(os.path.join(root, STATE_FILE), payload, indent=2, sort_keys=True)
         _barrier()
 
     def load(self, local_path: str) -> None:

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from rpg.refresh_rules import check_refresh_settings
+
 __all__ = ["ReferenceState", "RefreshSchedule"]
 
 
@@ -40,14 +42,7 @@ class RefreshSchedule:
     """
 
     def __init__(self, every_steps: int = 0, kl_threshold: float = 0.0, ema_decay: float = 0.9):
-        if int(every_steps) != every_steps or every_steps < 0:
-            raise ValueError(f"RefreshSchedule every_steps (K) must be an integer ≥ 0, got {every_steps!r}")
-        if not (math.isfinite(kl_threshold) and kl_threshold >= 0):
-            raise ValueError(f"RefreshSchedule kl_threshold (κ) must be a finite number ≥ 0, got {kl_threshold!r}")
-        if not (0.0 <= ema_decay < 1.0):
-            raise ValueError(f"RefreshSchedule ema_decay must be in [0, 1), got {ema_decay!r}")
-        if every_steps == 0 and kl_threshold == 0:
-            raise ValueError("RefreshSchedule needs every_steps (K) > 0 and/or kl_threshold (κ) > 0")
+        check_refresh_settings(every_steps, kl_threshold, ema_decay, "RefreshSchedule")
         self.every_steps = int(every_steps)
         self.kl_threshold = float(kl_threshold)
         self.ema_decay = float(ema_decay)

@@ -1,0 +1,165 @@
+"""The loss table: one row per registered RPG policy loss, built from the divergence table.
+
+Registration (`rpg.verl_plugin`), config validation (`rpg.config`), the launcher's rules, `python -m rpg.launch
+--list` and the README's loss table all read it. It depends only on `rpg.divergences`, so every other module can
+import it (docs/losses.md for what each family computes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from rpg.divergences import DIVERGENCES, Divergence
+
+__all__ = [
+    "DUAL_CLIP", "FAMILIES", "FD", "HARDCLIP", "LOSSES", "RATIO_CLIP", "REINFORCE", "VERL_CLIP_FIELDS", "Family",
+    "LossSpec", "clip_fields", "describe_losses", "is_rpg_loss", "loss_spec",
+]  # fmt: skip
+
+FD, REINFORCE, HARDCLIP = "fd", "reinforce", "hardclip"
+DUAL_CLIP = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # ε1, ε2, c
+RATIO_CLIP = ("clip_ratio_low", "clip_ratio_high")  # ε1, ε2 (no dual-clip bound)
+
+# verl's own losses that read the clip fields as PPO's ratio clip [1 − ε1, 1 + ε2] (and, for vanilla, the dual-clip
+# bound c, which verl asserts > 1 only at the first update): checked at compose time like the RPG rows.
+VERL_CLIP_FIELDS = {"vanilla": DUAL_CLIP, "gspo": RATIO_CLIP, "cispo": RATIO_CLIP}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the losses of one family share. `paper_row` and `authors` may contain `{DIV}` / `{div}`."""
+
+    name: str
+    paper_row: str
+    description: str
+    options: tuple[str, ...]  # RPGPolicyLossConfig options that change this family's loss (besides kl_coef, reference)
+    clip_fields: tuple[str, ...]  # verl actor fields the loss reads
+    authors: str  # the authors' `kl_loss_type` for the same loss
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(FD, "RPG-{DIV}",
+               "dual-clip PPO on the detached `A` plus the unclipped regulariser `β·D̂(w)` (Tables 1/4); "
+               "`kl_placement=inside_clip` is the literal Algorithm 1",
+               ("kl_placement", "kl_clamp"), DUAL_CLIP, "`rpg_{div}` with `use_kl_loss=True`"),
+        Family(REINFORCE, "RPG-REINFORCE-{DIV}",
+               "Algorithm 2: `−SG(w·A + C_KL)·log π` with RPG-Style Clip, branching on `A' = A + C_KL/w`, `C_KL` at "
+               "the clipped ratio (Remark F.2), flat branches without gradient",
+               ("branch_on", "kl_ratio"), DUAL_CLIP, "`rpg_rf_{div}_clip_ppo` (never reached in their code)"),
+        Family(HARDCLIP, "— (the authors' `rkl1e-4_rf` script)",
+               "`−SG(w̄·A + C_KL(w̄))·log π` on every token: truncated importance weight both ways, no dual clip",
+               ("kl_ratio",), RATIO_CLIP, "`rpg_rf_{div}`, `rpg_rf_{div}_clip_hard`"),
+    )
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """One registered RPG policy loss.
+
+    Attributes:
+        name: the `policy_loss.loss_mode` name registered in verl's policy-loss registry.
+        family: FD (fully differentiable), REINFORCE (Algorithm 2) or HARDCLIP.
+        divergence: the row of `rpg.divergences.DIVERGENCES` the loss is built from.
+        needs_reference: the loss needs verl's reference model even with `reference=iterative` (`ref_log_prob`).
+        options: the `RPGPolicyLossConfig` options that change this loss (`kl_clamp` and `kl_ratio` not for FKL,
+            see `_acts_on`); the `ref_refresh_*` options apply to any loss with `reference=periodic` (`rpg.config`).
+        clip_fields: the verl actor clip fields the loss reads (validated at compose time and by the loss).
+        paper_row, description, authors: for `--list` and the README (the authors' `kl_loss_type`).
+    """
+
+    name: str
+    family: str
+    divergence: Divergence
+    needs_reference: bool
+    options: tuple[str, ...]
+    clip_fields: tuple[str, ...]
+    paper_row: str
+    description: str
+    authors: str
+
+
+def _acts_on(option: str, div: Divergence) -> bool:
+    """Whether a family option acts on `div`: `kl_clamp` only where the authors clamp, `kl_ratio` only where C_KL
+    depends on w (not FKL, whose C_KL is the constant ρ)."""
+    return {"kl_clamp": div.authors_clamp, "kl_ratio": div.ratio_dependent_kl}.get(option, True)
+
+
+def _row(name: str, family: str, div: Divergence, needs_reference: bool = False, **text: str) -> LossSpec:
+    fam = FAMILIES[family]
+    options = ("kl_coef", "reference") + tuple(o for o in fam.options if _acts_on(o, div))
+    paper_row = text.get("paper_row", fam.paper_row.format(DIV=div.paper_name))
+    authors = text.get("authors", fam.authors.format(div=div.name))
+    description = text.get("description", fam.description)
+    return LossSpec(name, family, div, needs_reference, options, fam.clip_fields, paper_row, description, authors)
+
+
+LOSSES: dict[str, LossSpec] = {
+    s.name: s
+    for s in (
+        *(_row(f"rpg_{d.name}", FD, d) for d in DIVERGENCES.values()),
+        *(_row(f"rpg_reinforce_{d.name}", REINFORCE, d) for d in DIVERGENCES.values()),
+        *(_row(f"rpg_reinforce_hardclip_{d.name}", HARDCLIP, d) for d in DIVERGENCES.values()),
+        # GRPO's KL made exact (paper §2.2): dual-clip PPO + β·w·k3(π_ref/π_θ) against a frozen/periodic reference.
+        _row("grpo_wk3", FD, DIVERGENCES["urkl"], needs_reference=True, paper_row="§2.2 corrected GRPO KL",
+             description="dual-clip PPO + `β·w·k3(π_ref/π_θ)` against verl's reference model: GRPO's KL with the "
+                         "importance weight it omits (URKL surrogate with ρ = π_ref/π_old)",
+             authors="— (their GRPO uses verl's `low_var_kl`)"),
+    )
+}  # fmt: skip
+
+
+def loss_spec(loss_mode: str) -> Optional[LossSpec]:
+    """The table row of an RPG loss, None for any other name (verl's own losses)."""
+    return LOSSES.get(loss_mode)
+
+
+def is_rpg_loss(loss_mode: str) -> bool:
+    """True for the losses of this table, the ones that read `RPGPolicyLossConfig`."""
+    return loss_mode in LOSSES
+
+
+def clip_fields(loss_mode: str) -> tuple[str, ...]:
+    """The verl actor clip fields `loss_mode` reads and the compose-time check validates (empty: not checked)."""
+    spec = loss_spec(loss_mode)
+    return spec.clip_fields if spec is not None else VERL_CLIP_FIELDS.get(loss_mode, ())
+
+
+_CLIP_SYMBOLS = {"clip_ratio_low": "ε1", "clip_ratio_high": "ε2", "clip_ratio_c": "c"}
+
+
+def describe_losses(markdown: bool = False) -> str:
+    """The loss table as text (`python -m rpg.launch --list`) or as the README's markdown table (`--markdown`).
+
+    The markdown groups the rows that agree on everything but the divergence, one line per group.
+    """
+    if not markdown:
+        header = f"{'loss_mode':30} {'family':9} {'div':5} {'ref model':9} {'clip':9} options"
+        lines = [header, "-" * len(header)]
+        for s in LOSSES.values():
+            clip = ",".join(_CLIP_SYMBOLS[f] for f in s.clip_fields)
+            lines.append(f"{s.name:30} {s.family:9} {s.divergence.name:5} {'needed' if s.needs_reference else '-':9} "
+                         f"{clip:9} {', '.join(s.options)}")  # fmt: skip
+        return "\n".join(lines) + "\n"
+    groups: dict[tuple, list[LossSpec]] = {}
+    for s in LOSSES.values():
+        key = (s.family, s.needs_reference, s.options, s.clip_fields, s.description)
+        groups.setdefault(key, []).append(s)
+    lines = [
+        "| loss_mode | paper row | what it is | options (all: `kl_coef`, `reference`) | clip | reference model "
+        "| authors' `kl_loss_type` |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for rows in groups.values():
+        s, family = rows[0], FAMILIES[rows[0].family]
+        names = ", ".join(f"`{r.name}`" for r in rows)
+        paper = s.paper_row if len(rows) == 1 else family.paper_row.format(DIV="<DIV>")
+        authors = s.authors if len(rows) == 1 else family.authors.format(div="<div>")
+        options = ", ".join(f"`{o}`" for o in s.options if o not in ("kl_coef", "reference")) or "—"
+        clip = ", ".join(_CLIP_SYMBOLS[f] for f in s.clip_fields)
+        ref = "always" if s.needs_reference else "`frozen`/`periodic` only"
+        lines.append(f"| {names} | {paper} | {s.description} | {options} | {clip} | {ref} | {authors} |")
+    return "\n".join(lines) + "\n"
