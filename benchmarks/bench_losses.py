@@ -20,7 +20,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 from verl.workers.config import ActorConfig
 
 from rpg.config import RPGPolicyLossConfig
-from rpg.losses import LOSSES
+from rpg.loss_table import LOSSES
 
 
 def main():
