@@ -13,27 +13,41 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import pytest
 import yaml
 from recipe_helpers import (
     RECIPE,
     REPO,
-    SCHEDULEFREE_MISSING,
     SCRIPTS_4B,
     SCRIPTS_7B,
     SCRIPTS_CPU,
     overrides,
     printed,
     run_script,
-    schedulefree_available,
     validated,
 )
 
 # The authors' 60 scripts (docs/differences.md#authors-scripts), in our terms:
-# (file, adv_estimator, loss_mode, β (None: not an RPG loss), clip low, clip high, lr, verl KL loss (type, coef) or
-#  None, dynamic sampling, overlong penalty, model, token budget factor × (P+R), optimizer)
-AUTHORS_7B = [
+# one Row per script; β None: not an RPG loss; kl: verl's KL loss (type, coef) or None; factor: token budget × (P+R)
+class Row(NamedTuple):
+    file: str
+    adv: str
+    loss: str
+    beta: Optional[float]
+    low: float
+    high: float
+    lr: float
+    kl: Optional[tuple]
+    dynamic: bool
+    overlong: bool
+    model: str
+    factor: int
+    optim: str
+
+
+AUTHORS_7B = [Row(*r) for r in [
     ("run_dapo_7b.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
     ("run_dapo_7b_schedulefree.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
     ("run_dapo_7b_schedulefree_7binstruct.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
@@ -94,7 +108,7 @@ AUTHORS_7B = [
     ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
     ("run_rpg_7b_urkl1e-4_schedulefree.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
     ("run_rpg_7b_urkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
-]  # fmt: skip
+]]  # fmt: skip
 
 # The paper's Qwen3-4B runs (paper App. H, Tables 3, 5–7): method stem → (adv_estimator, loss_mode, β, clip low/high,
 # verl KL loss, dynamic sampling, overlong). Every method exists at 2K, 4K and 8K (`run_<stem>_<ctx>k.sh`).
@@ -123,11 +137,6 @@ def _is_schedulefree(script: Path) -> bool:
     return "schedulefree" in script.name
 
 
-def _optim_dir(script: Path, stub: str) -> str:
-    """The real optim folder once schedule-free support exists; the stub before (so the rest is still checked)."""
-    return "" if schedulefree_available() or not _is_schedulefree(script) else stub
-
-
 def _check(cfg, adv, loss, beta, clip, kl, dynamic, overlong):
     actor = cfg.actor_rollout_ref.actor
     assert cfg.algorithm.adv_estimator == adv
@@ -150,7 +159,7 @@ def _check(cfg, adv, loss, beta, clip, kl, dynamic, overlong):
 # --------------------------------------------------------------------------------------------------------------
 def test_the_authors_60_script_names_exist():
     assert len(AUTHORS_7B) == 60
-    assert sorted(p.name for p in SCRIPTS_7B) == sorted(row[0] for row in AUTHORS_7B)
+    assert sorted(p.name for p in SCRIPTS_7B) == sorted(row.file for row in AUTHORS_7B)
 
 
 def test_every_4b_paper_row_has_a_script():
@@ -159,22 +168,17 @@ def test_every_4b_paper_row_has_a_script():
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_script_passes_dry_run(script: Path, stub_optim_dir: str):
-    """Composes + validates (verl's checks, dataclasses, recipe and RPG rules). A schedule-free script stops with
-    the clear error until recipe/rpg/optim/schedulefree.sh exists; its remaining config is validated regardless."""
-    if _is_schedulefree(script) and not schedulefree_available():
-        proc = run_script(script, RPG_PRINT_ARGV="1")
-        assert proc.returncode != 0 and proc.stdout == ""
-        assert SCHEDULEFREE_MISSING in proc.stderr and "refusing to run AdamW" in proc.stderr
-    v = validated(script, _optim_dir(script, stub_optim_dir))
+def test_script_passes_dry_run(script: Path):
+    """Composes + validates (verl's checks, dataclasses, recipe and RPG rules)."""
+    v = validated(script)
     assert v.actor is not None and v.rollout is not None
 
 
-@pytest.mark.parametrize("row", AUTHORS_7B, ids=lambda r: r[0])
-def test_7b_values_match_spec_table(row, stub_optim_dir: str):
+@pytest.mark.parametrize("row", AUTHORS_7B, ids=lambda r: r.file)
+def test_7b_values_match_spec_table(row: Row):
     name, adv, loss, beta, low, high, lr, kl, dynamic, overlong, model, factor, optim = row
     script = RECIPE / "7b" / name
-    cfg = validated(script, _optim_dir(script, stub_optim_dir)).config
+    cfg = validated(script).config
     _check(cfg, adv, loss, beta, (low, high), kl, dynamic, overlong)
     actor = cfg.actor_rollout_ref.actor
     assert actor.optim.lr == lr
@@ -185,10 +189,11 @@ def test_7b_values_match_spec_table(row, stub_optim_dir: str):
     assert cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == factor * 4096
     assert [Path(f).name for f in cfg.data.val_files] == ["amc-2023.parquet", "aime-2024.parquet", "aime-2025.parquet"]
     assert (_is_schedulefree(script), optim) in ((True, "schedulefree"), (False, "adamw"))
+    got = (actor.optim.optimizer_impl, actor.optim.optimizer, cfg.trainer.use_v1 and cfg.trainer.v1.trainer_mode)
     if optim == "adamw":
-        assert (actor.optim.optimizer_impl, actor.optim.optimizer) == ("torch.optim", "AdamW")
-    elif schedulefree_available():  # never silently AdamW
-        assert (actor.optim.optimizer_impl, actor.optim.optimizer) != ("torch.optim", "AdamW")
+        assert got[:2] == ("torch.optim", "AdamW") and got[2] != "schedule_free_sync", got
+    else:  # never silently AdamW
+        assert got == ("schedulefree", "AdamWScheduleFree", "schedule_free_sync"), got
 
 
 def test_7b_hard_clip_rf_script_token_budget_is_p_plus_r():
@@ -242,8 +247,8 @@ AUTHORS_SEEDS = {"data_seed": 1, "rollout_seed": 0, "max_num_seqs": 1024}
 
 
 @pytest.mark.parametrize("script", SCRIPTS_7B + SCRIPTS_4B, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_authors_seeds_and_engine_size(script: Path, stub_optim_dir: str):
-    v = validated(script, _optim_dir(script, stub_optim_dir))
+def test_authors_seeds_and_engine_size(script: Path):
+    v = validated(script)
     got = {"data_seed": v.config.data.seed, "rollout_seed": v.rollout.seed, "max_num_seqs": v.rollout.max_num_seqs}
     assert got == AUTHORS_SEEDS
 
@@ -270,9 +275,9 @@ def test_4b_scripts_render_without_thinking_by_default(script: Path):
 
 
 @pytest.mark.parametrize("script", SCRIPTS_7B, ids=lambda p: p.name)
-def test_7b_scripts_pass_no_chat_template_kwargs(script: Path, stub_optim_dir: str):
+def test_7b_scripts_pass_no_chat_template_kwargs(script: Path):
     """The authors rendered with the template's defaults; Qwen2.5's templates have no thinking mode."""
-    assert validated(script, _optim_dir(script, stub_optim_dir)).config.data.apply_chat_template_kwargs == {}
+    assert validated(script).config.data.apply_chat_template_kwargs == {}
 
 
 @pytest.mark.parametrize("value, expected", [("true", True), ("false", False), ("True", True)])
@@ -287,11 +292,11 @@ def test_thinking_knob_sets_enable_thinking(value: str, expected: bool):
 
 @pytest.mark.parametrize("value", ["maybe", "1", "on", "'false'"])
 def test_bad_thinking_value_is_refused_before_launch(value: str):
-    from rpg.launch import compose_and_validate
+    from rpg.launch import RecipeConfigError, compose_and_validate
 
     proc = run_script(RECIPE / "4b" / "run_dapo_2k.sh", RPG_PRINT_ARGV="1", THINKING=value)
     assert proc.returncode == 0, proc.stderr  # bash passes it on; rpg.launch refuses it before Ray starts
-    with pytest.raises(Exception) as info:
+    with pytest.raises(RecipeConfigError) as info:
         compose_and_validate(json.loads(proc.stdout)["argv"][3:])
     message = str(info.value)
     assert "THINKING" in message and "data.apply_chat_template_kwargs.enable_thinking" in message, message
@@ -390,28 +395,39 @@ def test_common_paper_hyperparameters():
 # --------------------------------------------------------------------------------------------------------------
 # Bad input fails in the dry run, with a message naming what is wrong
 # --------------------------------------------------------------------------------------------------------------
-BAD = [  # (extra overrides, text the error must contain)
-    (["actor_rollout_ref.actor.clip_ratio_lo=0.1"], "clip_ratio_lo"),  # typo in a verl key: Hydra rejects it
-    (["+actor_rollout_ref.actor.policy_loss.kl_coeff=1e-3"], "kl_coeff"),  # typo in an added key: dataclass rejects
-    (["+actor_rollout_ref.actor.policy_loss.kl_coef=-1"], "kl_coef"),
-    (["+actor_rollout_ref.actor.policy_loss.reference=frozn"], "reference"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_kl"], "rpg_reinforce_urkl"),  # lists valid names
-    (["algorithm.adv_estimator=rpg_mean"], "rpg_batchmean"),
-    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=1e-3"], "use_kl_loss=False"),
-    (["actor_rollout_ref.actor.loss_agg_mode=token_mean"], "token_mean"),
-    (["+reward.reward_kwargs.overlong_buffer_cfg.lenght=3"], "lenght"),
-    (["reward.reward_manager.name=dapoo"], "dapoo"),
-    (["algorithm.rollout_correction.bypass_mode=True"], "bypass_mode"),
-    (["+actor_rollout_ref.model.override_config_typo=1"], "override_config_typo"),
-]
+def _bad():
+    """(extra overrides, the error the contract promises, text it must contain): Hydra rejects an unknown key of
+    verl's yaml, verl's dataclasses (through Hydra's instantiate) an invalid value or an unknown key of theirs,
+    OmegaConf an unknown model key, rpg.launch (RecipeConfigError) every RPG and recipe rule."""
+    from hydra.errors import ConfigCompositionException, InstantiationException
+    from omegaconf.errors import ConfigKeyError
+
+    from rpg.launch import RecipeConfigError
+
+    return [
+        (["actor_rollout_ref.actor.clip_ratio_lo=0.1"], ConfigCompositionException, "clip_ratio_lo"),
+        (["+actor_rollout_ref.actor.policy_loss.kl_coeff=1e-3"], InstantiationException, "kl_coeff"),
+        (["+actor_rollout_ref.actor.policy_loss.kl_coef=-1"], InstantiationException, "kl_coef"),
+        (["+actor_rollout_ref.actor.policy_loss.reference=frozn"], InstantiationException, "reference"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_kl"], RecipeConfigError, "rpg_reinforce_urkl"),
+        (["algorithm.adv_estimator=rpg_mean"], RecipeConfigError, "rpg_batchmean"),
+        (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=1e-3"], RecipeConfigError,
+         "use_kl_loss=False"),
+        (["actor_rollout_ref.actor.loss_agg_mode=token_mean"], InstantiationException, "token_mean"),
+        (["+reward.reward_kwargs.overlong_buffer_cfg.lenght=3"], RecipeConfigError, "lenght"),
+        (["reward.reward_manager.name=dapoo"], RecipeConfigError, "dapoo"),
+        (["algorithm.rollout_correction.bypass_mode=True"], RecipeConfigError, "bypass_mode"),
+        (["+actor_rollout_ref.model.override_config_typo=1"], ConfigKeyError, "override_config_typo"),
+    ]  # fmt: skip
 
 
-@pytest.mark.parametrize("extra, needle", BAD, ids=[" ".join(b[0]) for b in BAD])
-def test_bad_override_fails_with_clear_message(extra: list, needle: str):
+@pytest.mark.parametrize("index", range(12))
+def test_bad_override_fails_with_clear_message(index: int):
     from rpg.launch import compose_and_validate
 
+    extra, error, needle = _bad()[index]
     base = overrides(RECIPE / "4b" / "run_rpg_reinforce_urkl_2k.sh")
-    with pytest.raises(Exception) as info:
+    with pytest.raises(error) as info:
         compose_and_validate(base + extra)
     message = f"{info.value} {info.value.__cause__!r}"
     assert needle in message, message
@@ -444,7 +460,7 @@ def _script(tmp_path: Path, body: str) -> Path:
         ({}, "setup_authors_7b base", "choose one of: math instruct"),
         ({"RPG_PROFILE": "tpu"}, "", "RPG_PROFILE='tpu' is not valid; choose one of: gpu cpu"),
         ({"OPTIM": "sgd"}, "", "OPTIM='sgd' is not valid; choose one of: adamw schedulefree"),
-        ({"RPG_OPTIM_DIR": "/nonexistent"}, "OPTIM=schedulefree", SCHEDULEFREE_MISSING),
+        ({"RPG_OPTIM_DIR": "/nonexistent"}, "OPTIM=schedulefree", "OPTIM=schedulefree needs /nonexistent/schedulefree.sh"),
     ],
 )
 def test_shell_errors_are_clear(tmp_path: Path, env: dict, body: str, needle: str):
