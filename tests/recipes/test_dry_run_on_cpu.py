@@ -10,8 +10,9 @@ the shell → `python -m rpg.launch` path end to end.
 from __future__ import annotations
 
 import json
-import os
+import shlex
 import stat
+import sys
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -487,11 +488,14 @@ def test_order_of_overrides_and_plugin_env(tmp_path: Path):
     assert data["ray_address"] == ""
 
 
-def _fake_executable(path: Path, name: str) -> Path:
-    """An executable that records its argv (and VERL_USE_EXTERNAL_MODULES) as JSON in $FAKE_OUT."""
-    exe = path / name
+def _fake_python(path: Path) -> Path:
+    """A `python` that records the argv of `-m rpg.launch` (and VERL_USE_EXTERNAL_MODULES, PYTHONPATH) as JSON in
+    $FAKE_OUT; anything else (common.sh's rpg/preflight/recipe_argv.py) runs in this test's interpreter."""
+    exe = path / "python"
     exe.write_text(
-        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "if sys.argv[1:3] != ['-m', 'rpg.launch']:\n"
+        f"    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
         "json.dump({'argv': sys.argv[1:], 'plugins': os.environ.get('VERL_USE_EXTERNAL_MODULES'),"
         " 'pythonpath': os.environ.get('PYTHONPATH', '')}, open(os.environ['FAKE_OUT'], 'w'))\n"
     )
@@ -501,7 +505,7 @@ def _fake_executable(path: Path, name: str) -> Path:
 
 def test_local_run_invokes_rpg_launch(tmp_path: Path):
     out = tmp_path / "out.json"
-    fake_python = _fake_executable(tmp_path, "python")
+    fake_python = _fake_python(tmp_path)
     script = RECIPE / "4b" / "run_dapo_2k.sh"
     proc = run_script(script, "trainer.test_freq=3", PYTHON=str(fake_python), FAKE_OUT=str(out))
     assert proc.returncode == 0, proc.stderr
@@ -511,66 +515,82 @@ def test_local_run_invokes_rpg_launch(tmp_path: Path):
     assert rec["plugins"] == "rpg.verl_plugin" and rec["pythonpath"].split(":")[0] == str(REPO)
 
 
-def test_ray_address_submits_a_ray_job(tmp_path: Path):
-    out = tmp_path / "out.json"
-    _fake_executable(tmp_path, "ray")
-    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(out), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+_FAKE_SDK = """import json, os
+class JobSubmissionClient:
+    def __init__(self, address):
+        self.address = address
+    def submit_job(self, **kw):
+        json.dump({"address": self.address, **kw}, open(os.environ["FAKE_OUT"], "w"))
+        return kw["submission_id"]
+    async def tail_job_logs(self, job_id):
+        yield "a line of the job's log\\n"
+    def get_job_status(self, job_id):
+        return os.environ.get("FAKE_STATUS", "SUCCEEDED")
+"""
+
+
+def _fake_ray(tmp_path: Path, sdk: str = _FAKE_SDK) -> dict:
+    """The environment of a shell whose Python imports a stand-in of Ray's job-submission SDK that records the
+    submission in $FAKE_OUT (the launcher runs in the test's interpreter)."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text("")
+    (tmp_path / "ray" / "job_submission.py").write_text(sdk)
+    return {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"), "PYTHONPATH": str(tmp_path),
+            "PYTHON": sys.executable}  # fmt: skip
+
+
+@pytest.mark.parametrize("status, rc", [("SUCCEEDED", 0), ("FAILED", 1)])
+def test_ray_address_submits_a_ray_job(tmp_path: Path, status: str, rc: int):
+    env = _fake_ray(tmp_path) | {"FAKE_STATUS": status}
     proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", "trainer.nnodes=2", **env)
-    assert proc.returncode == 0, proc.stderr
-    argv = json.loads(out.read_text())["argv"]
-    sep = argv.index("--")
-    opts, entry = argv[:sep], argv[sep + 1 :]
-    assert opts[:2] == ["job", "submit"] and opts[opts.index("--address") + 1] == "http://head:8265"
-    assert opts[opts.index("--working-dir") + 1] == str(REPO)
-    runtime_env = json.loads(opts[opts.index("--runtime-env-json") + 1])
+    assert proc.returncode == rc, proc.stderr  # followed by default: the exit status is the job's
+    job = json.loads((tmp_path / "out.json").read_text())
+    assert job["address"] == "http://head:8265"
+    runtime_env = job["runtime_env"]
+    assert runtime_env["working_dir"] == str(REPO)
     assert runtime_env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == "rpg.verl_plugin"
     assert runtime_env["py_modules"] == [str(REPO / "rpg")] and ".venv*" in runtime_env["excludes"]
-    assert entry[:3] == ["python3", "-m", "rpg.launch"] and entry[-1] == "trainer.nnodes=2"
-    # followed by default (the exit code is the job's), under a printed submission id
-    job_id = opts[opts.index("--submission-id") + 1]
-    assert "--no-wait" not in opts and job_id.startswith("rpg-run_grpo_7b-")
+    entry = shlex.split(job["entrypoint"])
+    assert entry[:3] == [sys.executable, "-m", "rpg.launch"] and entry[-1] == "trainer.nnodes=2"
+    job_id = job["submission_id"]
+    assert job_id.startswith("rpg-run_grpo_7b-")
     assert f"Ray job submission id: {job_id}" in proc.stderr
     assert f"ray job logs --address http://head:8265 --follow {job_id}" in proc.stderr
+    assert "a line of the job's log" in proc.stdout and f"Ray job {job_id}: {status}" in proc.stderr
 
 
 def test_ray_submission_of_a_cpu_recipe_carries_the_cpu_environment(tmp_path: Path):
-    out = tmp_path / "out.json"
-    _fake_executable(tmp_path, "ray")
-    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(out), "PATH": f"{tmp_path}:{os.environ['PATH']}",
-           "RPG_RAY_FOLLOW": "0", "RPG_RAY_JOB_ID": "my-run-1", "CPU_RANKS": "2",
-           "RPG_JOB_ENV": " MY_CACHE  MY_UNSET_VAR", "MY_CACHE": "/shared/cache dir"}
+    env = _fake_ray(tmp_path) | {"RPG_RAY_FOLLOW": "0", "RPG_RAY_JOB_ID": "my-run-1", "CPU_RANKS": "2",
+                                 "RPG_JOB_ENV": " MY_CACHE  MY_UNSET_VAR", "MY_CACHE": "/shared/cache dir",
+                                 "FAKE_STATUS": "FAILED"}  # fmt: skip
     proc = run_script(RECIPE / "cpu" / "run_rpg_reinforce_urkl.sh", **env)
-    assert proc.returncode == 0, proc.stderr
-    argv = json.loads(out.read_text())["argv"]
-    opts = argv[: argv.index("--")]
-    assert "--no-wait" in opts and opts[opts.index("--submission-id") + 1] == "my-run-1"
-    env_vars = json.loads(opts[opts.index("--runtime-env-json") + 1])["env_vars"]
+    assert proc.returncode == 0, proc.stderr  # not followed: returns after the submission
+    job = json.loads((tmp_path / "out.json").read_text())
+    assert job["submission_id"] == "my-run-1" and "a line of the job's log" not in proc.stdout
+    env_vars = job["runtime_env"]["env_vars"]
     assert env_vars["VERL_PLATFORM"] == "cpu" and env_vars["VERL_ENGINE_DEVICE"] == "cuda"
     assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "rpg.cpu.platform,rpg.cpu.hf_rollout,rpg.verl_plugin"
     assert env_vars["MY_CACHE"] == "/shared/cache dir" and "MY_UNSET_VAR" not in env_vars  # the user's RPG_JOB_ENV
+    argv = shlex.split(job["entrypoint"])
     assert "trainer.n_gpus_per_node=2" in argv and not [a for a in argv if "ray_init.num_" in a]
 
 
-def test_ray_address_without_the_ray_cli_is_refused():
-    path = ":".join(d for d in os.environ["PATH"].split(":") if d and not os.access(os.path.join(d, "ray"), os.X_OK))
-    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", RAY_ADDRESS="http://head:8265", PATH=path)
-    assert proc.returncode == 2 and "`ray` is not on PATH" in proc.stderr, proc.stderr
+def test_ray_address_without_the_ray_sdk_is_refused(tmp_path: Path):
+    env = _fake_ray(tmp_path, sdk="raise ImportError('No module named ray.job_submission')\n")
+    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", **env)
+    assert proc.returncode == 2 and "`ray` cannot be imported" in proc.stderr, proc.stderr
     assert "RAY_ADDRESS='http://head:8265'" in proc.stderr and "activate the environment" in proc.stderr
 
 
 def test_bad_job_env_name_is_refused(tmp_path: Path):
-    _fake_executable(tmp_path, "ray")
-    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"),
-           "PATH": f"{tmp_path}:{os.environ['PATH']}", "RPG_JOB_ENV": "HF_HOME WANDB-KEY"}
+    env = _fake_ray(tmp_path) | {"RPG_JOB_ENV": "HF_HOME WANDB-KEY"}
     proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", **env)
     assert proc.returncode == 2 and "'WANDB-KEY' is not an environment variable name" in proc.stderr, proc.stderr
     assert not (tmp_path / "out.json").exists()
 
 
 def test_bad_ray_follow_setting_is_refused(tmp_path: Path):
-    _fake_executable(tmp_path, "ray")
-    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"),
-           "PATH": f"{tmp_path}:{os.environ['PATH']}", "RPG_RAY_FOLLOW": "yes"}
+    env = _fake_ray(tmp_path) | {"RPG_RAY_FOLLOW": "yes"}
     proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", **env)
     assert proc.returncode == 2 and "RPG_RAY_FOLLOW='yes' is not valid; choose one of: 0 1" in proc.stderr
     assert not (tmp_path / "out.json").exists()
