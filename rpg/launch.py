@@ -22,9 +22,8 @@ of `policy_loss` (kl_coef, reference, ...) may be given with or without the `+`.
 
 The checks live in `rpg.preflight`, one module per concept: `compose` (Hydra composition), `verl_configs` (verl's
 dataclasses and `validate_config`), `rpg_rules` (the loss rules), `recipe_rules` (recipe-level rules), `inputs`
-(paths, context length, data coverage), `engines` (what a local launch needs from the machine); `recipe_argv` turns the
-recipe knobs into this module's command line and `ray_submit` submits it to a Ray cluster. This module reads top to
-bottom: compose → checks → dry run or launch.
+(paths, context length, data coverage); `recipe_argv` turns the recipe knobs into this module's command line and
+`ray_submit` submits it to a Ray cluster. This module reads top to bottom: compose → checks → dry run or launch.
 """
 
 from __future__ import annotations
