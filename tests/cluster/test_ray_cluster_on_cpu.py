@@ -3,9 +3,9 @@
 A private Ray head (tests/cluster/local_ray_head.py: 127.0.0.1, its own temp dir and ports, 16 CPUs and 1 fake GPU
 as `ray start --head --num-cpus=16 --num-gpus=1` would give) is started from the project's environment. Then
 `recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` runs with `RAY_ADDRESS=http://127.0.0.1:<dashboard port>` and the
-launcher's defaults (no PYTHON: the job runs `python3 -m rpg.launch` on the cluster), i.e. through common.sh's
-`ray job submit` block: the repo is uploaded as the job's working directory, the `rpg` package as a py_module, the CPU
-profile's environment travels in the runtime env, and verl's trainer joins the existing cluster. The head uses Ray's
+launcher's defaults (no PYTHON: the job runs `python3 -m rpg.launch` on the cluster), i.e. through the launcher's
+Ray submission (rpg/preflight/ray_submit.py, Ray's job-submission SDK): the repo is uploaded as the job's working
+directory, the `rpg` package as a py_module, the CPU profile's environment travels in the runtime env, and verl's trainer joins the existing cluster. The head uses Ray's
 token authentication with its own token; the submitting shell has RAY_AUTH_MODE=token and the token's path, as a
 user's shell needs for such a cluster (recipe/rpg/README.md, "Several nodes").
 

@@ -15,7 +15,6 @@ RECIPE = REPO / "recipe" / "rpg"
 SCRIPTS_7B = sorted((RECIPE / "7b").glob("*.sh"))
 SCRIPTS_4B = sorted((RECIPE / "4b").glob("*.sh"))
 SCRIPTS_CPU = sorted((RECIPE / "cpu").glob("run_*.sh"))
-SCHEDULEFREE_MISSING = "schedule-free support is not available yet"
 
 # Environment knobs a developer may have exported; the tests must see the scripts' own defaults.
 _KNOBS = (
@@ -39,27 +38,22 @@ def run_script(script: Path, *args: str, **env: str) -> subprocess.CompletedProc
 
 
 @functools.lru_cache(maxsize=None)
-def printed(script: Path, optim_dir: str = "") -> dict:
+def printed(script: Path) -> dict:
     """The launcher's final argv/env as JSON (RPG_PRINT_ARGV=1); fails the test if the script errors."""
-    env = {"RPG_PRINT_ARGV": "1", "RPG_DRY_RUN": "1"} | ({"RPG_OPTIM_DIR": optim_dir} if optim_dir else {})
-    proc = run_script(script, **env)
+    proc = run_script(script, RPG_PRINT_ARGV="1", RPG_DRY_RUN="1")
     assert proc.returncode == 0, f"{script.name} failed:\n{proc.stderr}"
     return json.loads(proc.stdout)
 
 
-def overrides(script: Path, optim_dir: str = "") -> list[str]:
-    argv = printed(script, optim_dir)["argv"]
+def overrides(script: Path) -> list[str]:
+    argv = printed(script)["argv"]
     assert argv[1:3] == ["-m", "rpg.launch"], argv[:3]
     return argv[3:]
 
 
 @functools.lru_cache(maxsize=None)
-def validated(script: Path, optim_dir: str = ""):
+def validated(script: Path):
     """`compose_and_validate` of the script's overrides (cached: each script is composed once per session)."""
     from rpg.launch import compose_and_validate
 
-    return compose_and_validate(overrides(script, optim_dir))
-
-
-def schedulefree_available() -> bool:
-    return (RECIPE / "optim" / "schedulefree.sh").is_file()
+    return compose_and_validate(overrides(script))

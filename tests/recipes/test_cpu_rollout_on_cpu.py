@@ -1,5 +1,5 @@
 """CPU_ROLLOUT (hf | vllm) and CPU_DTYPE (fp32 | bf16) of the CPU profile (recipe/rpg/cpu/profile.sh), in the
-launcher's print mode (bash only, no Python start): the overrides, the interpreter and the modules every process
+launcher's print mode (no verl import): the overrides, the interpreter and the modules every process
 imports; bad values and a missing .venv-vllm fail early with the fix."""
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
 @pytest.fixture
 def vllm_venv(tmp_path: Path) -> Path:
-    """A stand-in .venv-vllm folder with an executable bin/python (never run in print mode)."""
+    """A stand-in .venv-vllm folder whose bin/python is this test's interpreter (print mode runs only the launcher's
+    standard-library rpg/preflight/recipe_argv.py with it)."""
     exe = tmp_path / "venv-vllm" / "bin" / "python"
     exe.parent.mkdir(parents=True)
-    exe.write_text("#!/bin/sh\nexit 99\n")
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     return exe.parents[1]
 
@@ -60,9 +61,10 @@ def test_vllm_selects_verls_rollout_its_environment_and_the_patches(vllm_venv: P
     assert last(argv, "actor_rollout_ref.actor.fsdp_config.mixed_precision") == FP32
 
 
-def test_vllm_keeps_an_explicit_python_and_orders_extra_modules_after_the_patches():
-    data = printed(CPU_ROLLOUT="vllm", PYTHON="/opt/my-vllm/bin/python", VERL_USE_EXTERNAL_MODULES="my.module")
-    assert data["argv"][0] == "/opt/my-vllm/bin/python"
+def test_vllm_keeps_an_explicit_python_and_orders_extra_modules_after_the_patches(vllm_venv: Path):
+    python = str(vllm_venv / "bin" / "python")  # anywhere but .venv-vllm (RPG_VLLM_VENV is not set)
+    data = printed(CPU_ROLLOUT="vllm", PYTHON=python, VERL_USE_EXTERNAL_MODULES="my.module")
+    assert data["argv"][0] == python
     assert data["env"]["VERL_USE_EXTERNAL_MODULES"] == \
         "rpg.cpu.vllm_compat,rpg.cpu.platform,my.module,rpg.verl_plugin"  # fmt: skip
 

@@ -10,30 +10,45 @@ the shell → `python -m rpg.launch` path end to end.
 from __future__ import annotations
 
 import json
-import os
+import shlex
 import stat
+import sys
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import pytest
 import yaml
 from recipe_helpers import (
     RECIPE,
     REPO,
-    SCHEDULEFREE_MISSING,
     SCRIPTS_4B,
     SCRIPTS_7B,
     SCRIPTS_CPU,
     overrides,
     printed,
     run_script,
-    schedulefree_available,
     validated,
 )
 
 # The authors' 60 scripts (docs/differences.md#authors-scripts), in our terms:
-# (file, adv_estimator, loss_mode, β (None: not an RPG loss), clip low, clip high, lr, verl KL loss (type, coef) or
-#  None, dynamic sampling, overlong penalty, model, token budget factor × (P+R), optimizer)
-AUTHORS_7B = [
+# one Row per script; β None: not an RPG loss; kl: verl's KL loss (type, coef) or None; factor: token budget × (P+R)
+class Row(NamedTuple):
+    file: str
+    adv: str
+    loss: str
+    beta: Optional[float]
+    low: float
+    high: float
+    lr: float
+    kl: Optional[tuple]
+    dynamic: bool
+    overlong: bool
+    model: str
+    factor: int
+    optim: str
+
+
+AUTHORS_7B = [Row(*r) for r in [
     ("run_dapo_7b.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
     ("run_dapo_7b_schedulefree.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
     ("run_dapo_7b_schedulefree_7binstruct.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
@@ -94,7 +109,7 @@ AUTHORS_7B = [
     ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
     ("run_rpg_7b_urkl1e-4_schedulefree.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
     ("run_rpg_7b_urkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
-]  # fmt: skip
+]]  # fmt: skip
 
 # The paper's Qwen3-4B runs (paper App. H, Tables 3, 5–7): method stem → (adv_estimator, loss_mode, β, clip low/high,
 # verl KL loss, dynamic sampling, overlong). Every method exists at 2K, 4K and 8K (`run_<stem>_<ctx>k.sh`).
@@ -123,11 +138,6 @@ def _is_schedulefree(script: Path) -> bool:
     return "schedulefree" in script.name
 
 
-def _optim_dir(script: Path, stub: str) -> str:
-    """The real optim folder once schedule-free support exists; the stub before (so the rest is still checked)."""
-    return "" if schedulefree_available() or not _is_schedulefree(script) else stub
-
-
 def _check(cfg, adv, loss, beta, clip, kl, dynamic, overlong):
     actor = cfg.actor_rollout_ref.actor
     assert cfg.algorithm.adv_estimator == adv
@@ -150,7 +160,7 @@ def _check(cfg, adv, loss, beta, clip, kl, dynamic, overlong):
 # --------------------------------------------------------------------------------------------------------------
 def test_the_authors_60_script_names_exist():
     assert len(AUTHORS_7B) == 60
-    assert sorted(p.name for p in SCRIPTS_7B) == sorted(row[0] for row in AUTHORS_7B)
+    assert sorted(p.name for p in SCRIPTS_7B) == sorted(row.file for row in AUTHORS_7B)
 
 
 def test_every_4b_paper_row_has_a_script():
@@ -159,22 +169,17 @@ def test_every_4b_paper_row_has_a_script():
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_script_passes_dry_run(script: Path, stub_optim_dir: str):
-    """Composes + validates (verl's checks, dataclasses, recipe and RPG rules). A schedule-free script stops with
-    the clear error until recipe/rpg/optim/schedulefree.sh exists; its remaining config is validated regardless."""
-    if _is_schedulefree(script) and not schedulefree_available():
-        proc = run_script(script, RPG_PRINT_ARGV="1")
-        assert proc.returncode != 0 and proc.stdout == ""
-        assert SCHEDULEFREE_MISSING in proc.stderr and "refusing to run AdamW" in proc.stderr
-    v = validated(script, _optim_dir(script, stub_optim_dir))
+def test_script_passes_dry_run(script: Path):
+    """Composes + validates (verl's checks, dataclasses, recipe and RPG rules)."""
+    v = validated(script)
     assert v.actor is not None and v.rollout is not None
 
 
-@pytest.mark.parametrize("row", AUTHORS_7B, ids=lambda r: r[0])
-def test_7b_values_match_spec_table(row, stub_optim_dir: str):
+@pytest.mark.parametrize("row", AUTHORS_7B, ids=lambda r: r.file)
+def test_7b_values_match_spec_table(row: Row):
     name, adv, loss, beta, low, high, lr, kl, dynamic, overlong, model, factor, optim = row
     script = RECIPE / "7b" / name
-    cfg = validated(script, _optim_dir(script, stub_optim_dir)).config
+    cfg = validated(script).config
     _check(cfg, adv, loss, beta, (low, high), kl, dynamic, overlong)
     actor = cfg.actor_rollout_ref.actor
     assert actor.optim.lr == lr
@@ -185,10 +190,11 @@ def test_7b_values_match_spec_table(row, stub_optim_dir: str):
     assert cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == factor * 4096
     assert [Path(f).name for f in cfg.data.val_files] == ["amc-2023.parquet", "aime-2024.parquet", "aime-2025.parquet"]
     assert (_is_schedulefree(script), optim) in ((True, "schedulefree"), (False, "adamw"))
+    got = (actor.optim.optimizer_impl, actor.optim.optimizer, cfg.trainer.use_v1 and cfg.trainer.v1.trainer_mode)
     if optim == "adamw":
-        assert (actor.optim.optimizer_impl, actor.optim.optimizer) == ("torch.optim", "AdamW")
-    elif schedulefree_available():  # never silently AdamW
-        assert (actor.optim.optimizer_impl, actor.optim.optimizer) != ("torch.optim", "AdamW")
+        assert got[:2] == ("torch.optim", "AdamW") and got[2] != "schedule_free_sync", got
+    else:  # never silently AdamW
+        assert got == ("schedulefree", "AdamWScheduleFree", "schedule_free_sync"), got
 
 
 def test_7b_hard_clip_rf_script_token_budget_is_p_plus_r():
@@ -242,8 +248,8 @@ AUTHORS_SEEDS = {"data_seed": 1, "rollout_seed": 0, "max_num_seqs": 1024}
 
 
 @pytest.mark.parametrize("script", SCRIPTS_7B + SCRIPTS_4B, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_authors_seeds_and_engine_size(script: Path, stub_optim_dir: str):
-    v = validated(script, _optim_dir(script, stub_optim_dir))
+def test_authors_seeds_and_engine_size(script: Path):
+    v = validated(script)
     got = {"data_seed": v.config.data.seed, "rollout_seed": v.rollout.seed, "max_num_seqs": v.rollout.max_num_seqs}
     assert got == AUTHORS_SEEDS
 
@@ -270,9 +276,9 @@ def test_4b_scripts_render_without_thinking_by_default(script: Path):
 
 
 @pytest.mark.parametrize("script", SCRIPTS_7B, ids=lambda p: p.name)
-def test_7b_scripts_pass_no_chat_template_kwargs(script: Path, stub_optim_dir: str):
+def test_7b_scripts_pass_no_chat_template_kwargs(script: Path):
     """The authors rendered with the template's defaults; Qwen2.5's templates have no thinking mode."""
-    assert validated(script, _optim_dir(script, stub_optim_dir)).config.data.apply_chat_template_kwargs == {}
+    assert validated(script).config.data.apply_chat_template_kwargs == {}
 
 
 @pytest.mark.parametrize("value, expected", [("true", True), ("false", False), ("True", True)])
@@ -287,11 +293,11 @@ def test_thinking_knob_sets_enable_thinking(value: str, expected: bool):
 
 @pytest.mark.parametrize("value", ["maybe", "1", "on", "'false'"])
 def test_bad_thinking_value_is_refused_before_launch(value: str):
-    from rpg.launch import compose_and_validate
+    from rpg.launch import RecipeConfigError, compose_and_validate
 
     proc = run_script(RECIPE / "4b" / "run_dapo_2k.sh", RPG_PRINT_ARGV="1", THINKING=value)
     assert proc.returncode == 0, proc.stderr  # bash passes it on; rpg.launch refuses it before Ray starts
-    with pytest.raises(Exception) as info:
+    with pytest.raises(RecipeConfigError) as info:
         compose_and_validate(json.loads(proc.stdout)["argv"][3:])
     message = str(info.value)
     assert "THINKING" in message and "data.apply_chat_template_kwargs.enable_thinking" in message, message
@@ -390,28 +396,39 @@ def test_common_paper_hyperparameters():
 # --------------------------------------------------------------------------------------------------------------
 # Bad input fails in the dry run, with a message naming what is wrong
 # --------------------------------------------------------------------------------------------------------------
-BAD = [  # (extra overrides, text the error must contain)
-    (["actor_rollout_ref.actor.clip_ratio_lo=0.1"], "clip_ratio_lo"),  # typo in a verl key: Hydra rejects it
-    (["+actor_rollout_ref.actor.policy_loss.kl_coeff=1e-3"], "kl_coeff"),  # typo in an added key: dataclass rejects
-    (["+actor_rollout_ref.actor.policy_loss.kl_coef=-1"], "kl_coef"),
-    (["+actor_rollout_ref.actor.policy_loss.reference=frozn"], "reference"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_kl"], "rpg_reinforce_urkl"),  # lists valid names
-    (["algorithm.adv_estimator=rpg_mean"], "rpg_batchmean"),
-    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=1e-3"], "use_kl_loss=False"),
-    (["actor_rollout_ref.actor.loss_agg_mode=token_mean"], "token_mean"),
-    (["+reward.reward_kwargs.overlong_buffer_cfg.lenght=3"], "lenght"),
-    (["reward.reward_manager.name=dapoo"], "dapoo"),
-    (["algorithm.rollout_correction.bypass_mode=True"], "bypass_mode"),
-    (["+actor_rollout_ref.model.override_config_typo=1"], "override_config_typo"),
-]
+def _bad():
+    """(extra overrides, the error the contract promises, text it must contain): Hydra rejects an unknown key of
+    verl's yaml, verl's dataclasses (through Hydra's instantiate) an invalid value or an unknown key of theirs,
+    OmegaConf an unknown model key, rpg.launch (RecipeConfigError) every RPG and recipe rule."""
+    from hydra.errors import ConfigCompositionException, InstantiationException
+    from omegaconf.errors import ConfigKeyError
+
+    from rpg.launch import RecipeConfigError
+
+    return [
+        (["actor_rollout_ref.actor.clip_ratio_lo=0.1"], ConfigCompositionException, "clip_ratio_lo"),
+        (["+actor_rollout_ref.actor.policy_loss.kl_coeff=1e-3"], InstantiationException, "kl_coeff"),
+        (["+actor_rollout_ref.actor.policy_loss.kl_coef=-1"], InstantiationException, "kl_coef"),
+        (["+actor_rollout_ref.actor.policy_loss.reference=frozn"], InstantiationException, "reference"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_kl"], RecipeConfigError, "rpg_reinforce_urkl"),
+        (["algorithm.adv_estimator=rpg_mean"], RecipeConfigError, "rpg_batchmean"),
+        (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=1e-3"], RecipeConfigError,
+         "use_kl_loss=False"),
+        (["actor_rollout_ref.actor.loss_agg_mode=token_mean"], InstantiationException, "token_mean"),
+        (["+reward.reward_kwargs.overlong_buffer_cfg.lenght=3"], RecipeConfigError, "lenght"),
+        (["reward.reward_manager.name=dapoo"], RecipeConfigError, "dapoo"),
+        (["algorithm.rollout_correction.bypass_mode=True"], RecipeConfigError, "bypass_mode"),
+        (["+actor_rollout_ref.model.override_config_typo=1"], ConfigKeyError, "override_config_typo"),
+    ]  # fmt: skip
 
 
-@pytest.mark.parametrize("extra, needle", BAD, ids=[" ".join(b[0]) for b in BAD])
-def test_bad_override_fails_with_clear_message(extra: list, needle: str):
+@pytest.mark.parametrize("index", range(12))
+def test_bad_override_fails_with_clear_message(index: int):
     from rpg.launch import compose_and_validate
 
+    extra, error, needle = _bad()[index]
     base = overrides(RECIPE / "4b" / "run_rpg_reinforce_urkl_2k.sh")
-    with pytest.raises(Exception) as info:
+    with pytest.raises(error) as info:
         compose_and_validate(base + extra)
     message = f"{info.value} {info.value.__cause__!r}"
     assert needle in message, message
@@ -444,7 +461,7 @@ def _script(tmp_path: Path, body: str) -> Path:
         ({}, "setup_authors_7b base", "choose one of: math instruct"),
         ({"RPG_PROFILE": "tpu"}, "", "RPG_PROFILE='tpu' is not valid; choose one of: gpu cpu"),
         ({"OPTIM": "sgd"}, "", "OPTIM='sgd' is not valid; choose one of: adamw schedulefree"),
-        ({"RPG_OPTIM_DIR": "/nonexistent"}, "OPTIM=schedulefree", SCHEDULEFREE_MISSING),
+        ({"RPG_OPTIM_DIR": "/nonexistent"}, "OPTIM=schedulefree", "OPTIM=schedulefree needs /nonexistent/schedulefree.sh"),
     ],
 )
 def test_shell_errors_are_clear(tmp_path: Path, env: dict, body: str, needle: str):
@@ -471,11 +488,14 @@ def test_order_of_overrides_and_plugin_env(tmp_path: Path):
     assert data["ray_address"] == ""
 
 
-def _fake_executable(path: Path, name: str) -> Path:
-    """An executable that records its argv (and VERL_USE_EXTERNAL_MODULES) as JSON in $FAKE_OUT."""
-    exe = path / name
+def _fake_python(path: Path) -> Path:
+    """A `python` that records the argv of `-m rpg.launch` (and VERL_USE_EXTERNAL_MODULES, PYTHONPATH) as JSON in
+    $FAKE_OUT; anything else (common.sh's rpg/preflight/recipe_argv.py) runs in this test's interpreter."""
+    exe = path / "python"
     exe.write_text(
-        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "if sys.argv[1:3] != ['-m', 'rpg.launch']:\n"
+        f"    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
         "json.dump({'argv': sys.argv[1:], 'plugins': os.environ.get('VERL_USE_EXTERNAL_MODULES'),"
         " 'pythonpath': os.environ.get('PYTHONPATH', '')}, open(os.environ['FAKE_OUT'], 'w'))\n"
     )
@@ -485,7 +505,7 @@ def _fake_executable(path: Path, name: str) -> Path:
 
 def test_local_run_invokes_rpg_launch(tmp_path: Path):
     out = tmp_path / "out.json"
-    fake_python = _fake_executable(tmp_path, "python")
+    fake_python = _fake_python(tmp_path)
     script = RECIPE / "4b" / "run_dapo_2k.sh"
     proc = run_script(script, "trainer.test_freq=3", PYTHON=str(fake_python), FAKE_OUT=str(out))
     assert proc.returncode == 0, proc.stderr
@@ -495,66 +515,82 @@ def test_local_run_invokes_rpg_launch(tmp_path: Path):
     assert rec["plugins"] == "rpg.verl_plugin" and rec["pythonpath"].split(":")[0] == str(REPO)
 
 
-def test_ray_address_submits_a_ray_job(tmp_path: Path):
-    out = tmp_path / "out.json"
-    _fake_executable(tmp_path, "ray")
-    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(out), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+_FAKE_SDK = """import json, os
+class JobSubmissionClient:
+    def __init__(self, address):
+        self.address = address
+    def submit_job(self, **kw):
+        json.dump({"address": self.address, **kw}, open(os.environ["FAKE_OUT"], "w"))
+        return kw["submission_id"]
+    async def tail_job_logs(self, job_id):
+        yield "a line of the job's log\\n"
+    def get_job_status(self, job_id):
+        return os.environ.get("FAKE_STATUS", "SUCCEEDED")
+"""
+
+
+def _fake_ray(tmp_path: Path, sdk: str = _FAKE_SDK) -> dict:
+    """The environment of a shell whose Python imports a stand-in of Ray's job-submission SDK that records the
+    submission in $FAKE_OUT (the launcher runs in the test's interpreter)."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text("")
+    (tmp_path / "ray" / "job_submission.py").write_text(sdk)
+    return {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"), "PYTHONPATH": str(tmp_path),
+            "PYTHON": sys.executable}  # fmt: skip
+
+
+@pytest.mark.parametrize("status, rc", [("SUCCEEDED", 0), ("FAILED", 1)])
+def test_ray_address_submits_a_ray_job(tmp_path: Path, status: str, rc: int):
+    env = _fake_ray(tmp_path) | {"FAKE_STATUS": status}
     proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", "trainer.nnodes=2", **env)
-    assert proc.returncode == 0, proc.stderr
-    argv = json.loads(out.read_text())["argv"]
-    sep = argv.index("--")
-    opts, entry = argv[:sep], argv[sep + 1 :]
-    assert opts[:2] == ["job", "submit"] and opts[opts.index("--address") + 1] == "http://head:8265"
-    assert opts[opts.index("--working-dir") + 1] == str(REPO)
-    runtime_env = json.loads(opts[opts.index("--runtime-env-json") + 1])
+    assert proc.returncode == rc, proc.stderr  # followed by default: the exit status is the job's
+    job = json.loads((tmp_path / "out.json").read_text())
+    assert job["address"] == "http://head:8265"
+    runtime_env = job["runtime_env"]
+    assert runtime_env["working_dir"] == str(REPO)
     assert runtime_env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == "rpg.verl_plugin"
     assert runtime_env["py_modules"] == [str(REPO / "rpg")] and ".venv*" in runtime_env["excludes"]
-    assert entry[:3] == ["python3", "-m", "rpg.launch"] and entry[-1] == "trainer.nnodes=2"
-    # followed by default (the exit code is the job's), under a printed submission id
-    job_id = opts[opts.index("--submission-id") + 1]
-    assert "--no-wait" not in opts and job_id.startswith("rpg-run_grpo_7b-")
+    entry = shlex.split(job["entrypoint"])
+    assert entry[:3] == [sys.executable, "-m", "rpg.launch"] and entry[-1] == "trainer.nnodes=2"
+    job_id = job["submission_id"]
+    assert job_id.startswith("rpg-run_grpo_7b-")
     assert f"Ray job submission id: {job_id}" in proc.stderr
     assert f"ray job logs --address http://head:8265 --follow {job_id}" in proc.stderr
+    assert "a line of the job's log" in proc.stdout and f"Ray job {job_id}: {status}" in proc.stderr
 
 
 def test_ray_submission_of_a_cpu_recipe_carries_the_cpu_environment(tmp_path: Path):
-    out = tmp_path / "out.json"
-    _fake_executable(tmp_path, "ray")
-    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(out), "PATH": f"{tmp_path}:{os.environ['PATH']}",
-           "RPG_RAY_FOLLOW": "0", "RPG_RAY_JOB_ID": "my-run-1", "CPU_RANKS": "2",
-           "RPG_JOB_ENV": " MY_CACHE  MY_UNSET_VAR", "MY_CACHE": "/shared/cache dir"}
+    env = _fake_ray(tmp_path) | {"RPG_RAY_FOLLOW": "0", "RPG_RAY_JOB_ID": "my-run-1", "CPU_RANKS": "2",
+                                 "RPG_JOB_ENV": " MY_CACHE  MY_UNSET_VAR", "MY_CACHE": "/shared/cache dir",
+                                 "FAKE_STATUS": "FAILED"}  # fmt: skip
     proc = run_script(RECIPE / "cpu" / "run_rpg_reinforce_urkl.sh", **env)
-    assert proc.returncode == 0, proc.stderr
-    argv = json.loads(out.read_text())["argv"]
-    opts = argv[: argv.index("--")]
-    assert "--no-wait" in opts and opts[opts.index("--submission-id") + 1] == "my-run-1"
-    env_vars = json.loads(opts[opts.index("--runtime-env-json") + 1])["env_vars"]
+    assert proc.returncode == 0, proc.stderr  # not followed: returns after the submission
+    job = json.loads((tmp_path / "out.json").read_text())
+    assert job["submission_id"] == "my-run-1" and "a line of the job's log" not in proc.stdout
+    env_vars = job["runtime_env"]["env_vars"]
     assert env_vars["VERL_PLATFORM"] == "cpu" and env_vars["VERL_ENGINE_DEVICE"] == "cuda"
     assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "rpg.cpu.platform,rpg.cpu.hf_rollout,rpg.verl_plugin"
     assert env_vars["MY_CACHE"] == "/shared/cache dir" and "MY_UNSET_VAR" not in env_vars  # the user's RPG_JOB_ENV
+    argv = shlex.split(job["entrypoint"])
     assert "trainer.n_gpus_per_node=2" in argv and not [a for a in argv if "ray_init.num_" in a]
 
 
-def test_ray_address_without_the_ray_cli_is_refused():
-    path = ":".join(d for d in os.environ["PATH"].split(":") if d and not os.access(os.path.join(d, "ray"), os.X_OK))
-    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", RAY_ADDRESS="http://head:8265", PATH=path)
-    assert proc.returncode == 2 and "`ray` is not on PATH" in proc.stderr, proc.stderr
+def test_ray_address_without_the_ray_sdk_is_refused(tmp_path: Path):
+    env = _fake_ray(tmp_path, sdk="raise ImportError('No module named ray.job_submission')\n")
+    proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", **env)
+    assert proc.returncode == 2 and "`ray` cannot be imported" in proc.stderr, proc.stderr
     assert "RAY_ADDRESS='http://head:8265'" in proc.stderr and "activate the environment" in proc.stderr
 
 
 def test_bad_job_env_name_is_refused(tmp_path: Path):
-    _fake_executable(tmp_path, "ray")
-    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"),
-           "PATH": f"{tmp_path}:{os.environ['PATH']}", "RPG_JOB_ENV": "HF_HOME WANDB-KEY"}
+    env = _fake_ray(tmp_path) | {"RPG_JOB_ENV": "HF_HOME WANDB-KEY"}
     proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", **env)
     assert proc.returncode == 2 and "'WANDB-KEY' is not an environment variable name" in proc.stderr, proc.stderr
     assert not (tmp_path / "out.json").exists()
 
 
 def test_bad_ray_follow_setting_is_refused(tmp_path: Path):
-    _fake_executable(tmp_path, "ray")
-    env = {"RAY_ADDRESS": "http://head:8265", "FAKE_OUT": str(tmp_path / "out.json"),
-           "PATH": f"{tmp_path}:{os.environ['PATH']}", "RPG_RAY_FOLLOW": "yes"}
+    env = _fake_ray(tmp_path) | {"RPG_RAY_FOLLOW": "yes"}
     proc = run_script(RECIPE / "7b" / "run_grpo_7b.sh", **env)
     assert proc.returncode == 2 and "RPG_RAY_FOLLOW='yes' is not valid; choose one of: 0 1" in proc.stderr
     assert not (tmp_path / "out.json").exists()

@@ -7,7 +7,9 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hydra.errors import ConfigCompositionException, InstantiationException
 from omegaconf import OmegaConf, open_dict
+from omegaconf.errors import ConfigKeyError
 
 from rpg.config import BYPASS_ERROR, RPGPolicyLossConfig
 from rpg.launch import (
@@ -101,7 +103,7 @@ def test_rpg_loss_needs_rpg_policy_loss_target(base):
 )
 def test_invalid_rpg_values_fail(base, key, value, needle):
     cfg = cfg_with(base, **{PL + key: value})
-    with pytest.raises(Exception) as info:
+    with pytest.raises(RecipeConfigError) as info:
         validate_rpg(cfg)
     assert needle in f"{info.value} {info.value.__cause__!r}"
 
@@ -212,20 +214,20 @@ def test_reference_is_built_like_the_worker_builds_it(base):
 
 
 @pytest.mark.parametrize(
-    "updates, needle",
-    [
-        ({"actor_rollout_ref__model__not_a_field": 1}, "not_a_field"),
-        ({"actor_rollout_ref__rollout__not_a_field": 1}, "not_a_field"),
-        ({"algorithm__not_a_field": 1}, "not_a_field"),
+    "updates, error, needle",
+    [  # OmegaConf's schema merge of the model, Hydra's instantiate of verl's dataclasses (wrapping their errors)
+        ({"actor_rollout_ref__model__not_a_field": 1}, ConfigKeyError, "not_a_field"),
+        ({"actor_rollout_ref__rollout__not_a_field": 1}, InstantiationException, "not_a_field"),
+        ({"algorithm__not_a_field": 1}, InstantiationException, "not_a_field"),
         # bad value types: hydra's instantiate does not check them, rpg.launch does
-        ({ACTOR + "clip_ratio_c": "ten"}, "actor_rollout_ref.actor.clip_ratio_c='ten' has type str"),
-        ({"actor_rollout_ref__rollout__temperature": "hot"}, "rollout.temperature='hot'"),
-        ({PL + "kl_coef": "1e-4x"}, "kl_coef"),
-        ({ACTOR + "use_dynamic_bsz": False}, "ppo_micro_batch_size"),  # verl's own validate_config
+        ({ACTOR + "clip_ratio_c": "ten"}, RecipeConfigError, "actor_rollout_ref.actor.clip_ratio_c='ten' has type str"),
+        ({"actor_rollout_ref__rollout__temperature": "hot"}, RecipeConfigError, "rollout.temperature='hot'"),
+        ({PL + "kl_coef": "1e-4x"}, InstantiationException, "kl_coef"),
+        ({ACTOR + "use_dynamic_bsz": False}, InstantiationException, "ppo_micro_batch_size"),  # verl's own check
     ],
 )
-def test_verl_dataclass_errors_surface(base, updates, needle):
-    with pytest.raises(Exception) as info:
+def test_verl_dataclass_errors_surface(base, updates, error, needle):
+    with pytest.raises(error) as info:
         build_verl_configs(cfg_with(base, **updates))
     assert needle in f"{info.value} {info.value.__cause__!r}"
 
@@ -244,7 +246,7 @@ def test_rpg_settings_work_with_or_without_plus():
     assert cfg.actor_rollout_ref.actor.policy_loss.reference == "frozen"
     cfg = compose_config([o for o in MINIMAL if ".reference=" not in o] + [pl + "reference=periodic"])
     assert cfg.actor_rollout_ref.actor.policy_loss.reference == "periodic"
-    with pytest.raises(Exception, match="kl_coeff"):
+    with pytest.raises(ConfigCompositionException, match="kl_coeff"):
         compose_config([*MINIMAL, pl + "kl_coeff=1"])
 
 

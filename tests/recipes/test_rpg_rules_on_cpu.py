@@ -120,7 +120,7 @@ def test_options_without_effect_are_refused(base, loss, options, name):
     updates = {PL + "loss_mode": loss} | {PL + k: v for k, v in options.items()}
     if loss == "grpo_wk3" or options.get("reference") == "frozen":
         updates.update({ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0})
-    with pytest.raises(Exception) as info:
+    with pytest.raises(RecipeConfigError) as info:
         validate_rpg(cfg_with(base, updates))
     message = f"{info.value} {info.value.__cause__!r}"
     assert f"{name}=" in message and "no effect" in message and loss in message

@@ -1,0 +1,105 @@
+"""Submit a recipe's command to the Ray cluster at RAY_ADDRESS with Ray's job-submission SDK.
+
+Run by `recipe_argv.py` (as a sibling file: standard library + `ray` only, no `import rpg`). The repository is uploaded
+as the job's working directory (without virtualenvs, data and outputs) and the `rpg` package as a py_module to every
+node; the job receives the launcher's environment (`FORWARDED_ENV`), the profile's `RPG_PROFILE_JOB_ENV` (the CPU
+profile's platform settings) and the user's `RPG_JOB_ENV` (space-separated names; those unset here are skipped).
+It prints the submission id and the commands to follow, query and stop the job, then, by default, follows it: the logs
+stream here and the exit status is the job's (0 if it SUCCEEDED, 1 otherwise; Ctrl-C stops following, not the job).
+`RPG_RAY_FOLLOW=0` returns right after the submission. `RPG_RAY_JOB_ID` sets the submission id (default
+rpg-<experiment>-<UTC time>-<random>; Ray refuses an id that the cluster already has). A cluster with Ray's token
+authentication is reached as Ray's own CLI reaches it (RAY_AUTH_MODE=token and the token in the environment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import shlex
+import sys
+import time
+from typing import Dict, List, Sequence
+
+EXCLUDES = [".venv*", ".git", "data", "ckpts", "outputs", "wandb", "artifacts", "*.parquet"]
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class SubmitError(ValueError):
+    """A Ray submission that cannot start (the message names the setting and the fix)."""
+
+
+def job_env_names(value: str) -> List[str]:
+    """The names of RPG_JOB_ENV (space-separated), each checked."""
+    names = value.split()
+    for n in names:
+        if not _NAME.fullmatch(n):
+            raise SubmitError(
+                f"RPG_JOB_ENV='{value}': '{n}' is not an environment variable name; give names separated by spaces "
+                f'(e.g. RPG_JOB_ENV="HF_HOME WANDB_API_KEY")'
+            )
+    return names
+
+
+def follow_setting(env: Dict[str, str]) -> bool:
+    follow = env.get("RPG_RAY_FOLLOW", "1")
+    if follow not in ("0", "1"):
+        raise SubmitError(f"RPG_RAY_FOLLOW='{follow}' is not valid; choose one of: 0 1")
+    return follow == "1"
+
+
+def runtime_env(env: Dict[str, str], repo: str, names: Sequence[str]) -> dict:
+    env_vars = {n: env[n] for n in dict.fromkeys(names) if n in env}
+    return {"working_dir": repo, "env_vars": env_vars, "py_modules": [f"{repo}/rpg"], "excludes": list(EXCLUDES)}
+
+
+def default_job_id(exp_name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", exp_name)
+    return f"rpg-{safe}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{random.randint(0, 32767)}"
+
+
+def _client(address: str):
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError as e:
+        raise SubmitError(
+            f"RAY_ADDRESS='{address}' submits with Ray's job-submission SDK, but `ray` cannot be imported by "
+            f"{sys.executable} ({e}); activate the environment where rpg-verl is installed (e.g. source "
+            f".venv/bin/activate) or set PYTHON to its interpreter, or unset RAY_ADDRESS to run locally"
+        ) from None
+    return JobSubmissionClient(address)
+
+
+async def _tail(client, job_id: str) -> None:
+    async for lines in client.tail_job_logs(job_id):
+        sys.stdout.write(lines)
+        sys.stdout.flush()
+
+
+def submit(cmd: List[str], env: Dict[str, str], repo: str, exp_name: str, names: Sequence[str], client=None) -> int:
+    """Submit `cmd` as a Ray job; return the process's exit status (the job's when followed). `client`: for tests."""
+    address = env["RAY_ADDRESS"]
+    try:
+        follow = follow_setting(env)
+        all_names = [*names, *job_env_names(env.get("RPG_JOB_ENV", ""))]
+        client = client or _client(address)
+    except SubmitError as e:
+        print(f"[rpg] error: {e}", file=sys.stderr)
+        return 2
+    job_id = env.get("RPG_RAY_JOB_ID") or default_job_id(exp_name)
+    print(f"[rpg] Ray job submission id: {job_id} (cluster {address})", file=sys.stderr)
+    print(f"[rpg]   follow: ray job logs --address {address} --follow {job_id}", file=sys.stderr)
+    print(f"[rpg]   status: ray job status --address {address} {job_id}", file=sys.stderr)
+    print(f"[rpg]   stop:   ray job stop --address {address} {job_id}", file=sys.stderr)
+    client.submit_job(entrypoint=shlex.join(cmd), submission_id=job_id, runtime_env=runtime_env(env, repo, all_names))
+    if not follow:
+        return 0
+    try:
+        asyncio.run(_tail(client, job_id))
+    except KeyboardInterrupt:
+        print(f"\n[rpg] stopped following; the job goes on (stop it: ray job stop --address {address} {job_id})",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    status = str(client.get_job_status(job_id))
+    print(f"[rpg] Ray job {job_id}: {status}", file=sys.stderr)
+    return 0 if status.endswith("SUCCEEDED") else 1

@@ -1,0 +1,157 @@
+"""The RPG loss rules: what a composed config must satisfy for the plugin's losses (registered names, usable clip
+fields, the `RPGPolicyLossConfig` target and its fields, no bypass mode, no in-reward KL, the reference model exactly
+when the loss or the reference mode needs one). Driven by the loss table (`rpg.losses`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from omegaconf import DictConfig
+
+from rpg.preflight.compose import RecipeConfigError, _detached
+
+RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.config.RPGPolicyLossConfig")
+
+
+def is_rpg_loss(loss_mode: str) -> bool:
+    """True for the plugin's losses, the rows of the loss table `rpg.losses.LOSSES` (they read RPGPolicyLossConfig)."""
+    from rpg.losses import is_rpg_loss as in_loss_table
+
+    return in_loss_table(loss_mode)
+
+
+def _registries():
+    import verl  # noqa: F401  (loads the `verl.plugins` entry points, i.e. registers the RPG losses/estimators)
+
+    # verl swallows plugin import errors; import the plugin explicitly so a broken plugin fails loudly here (and a
+    # registration skipped because `rpg.config` was mid-import when verl loaded its plugins happens now).
+    import rpg.verl_plugin  # noqa: F401
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+
+    return POLICY_LOSS_REGISTRY, ADV_ESTIMATOR_REGISTRY
+
+
+def check_registered(config: DictConfig) -> None:
+    """`policy_loss.loss_mode` and `algorithm.adv_estimator` must be names in verl's registries."""
+    losses, estimators = _registries()
+    loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
+    if loss_mode not in losses:
+        rpg_names = sorted(n for n in losses if is_rpg_loss(n))
+        raise RecipeConfigError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} is not a registered policy loss. "
+            f"RPG losses: {rpg_names or '(none registered: is the rpg plugin installed?)'}; "
+            f"verl built-ins: {sorted(n for n in losses if not is_rpg_loss(n))}"
+        )
+    adv = config.algorithm.adv_estimator
+    if adv not in estimators:
+        raise RecipeConfigError(
+            f"algorithm.adv_estimator={adv!r} is not a registered advantage estimator; valid: {sorted(estimators)}"
+        )
+
+
+def _rpg_policy_loss(config: DictConfig):
+    """Instantiate `actor.policy_loss` as `RPGPolicyLossConfig` (its __post_init__ validates every field against the
+    loss table and installs what the run needs from verl, failing here if this verl is not supported)."""
+    from hydra.errors import InstantiationException
+
+    from rpg.config import RPGPolicyLossConfig
+    from verl.utils.config import omega_conf_to_dataclass
+
+    policy_loss = config.actor_rollout_ref.actor.policy_loss
+    target = policy_loss.get("_target_")
+    if target not in RPG_POLICY_LOSS_TARGETS:
+        raise RecipeConfigError(
+            f"loss_mode={policy_loss.loss_mode!r} reads the RPG settings, but actor_rollout_ref.actor.policy_loss."
+            f"_target_={target!r}; add the override "
+            f"actor_rollout_ref.actor.policy_loss._target_={RPG_POLICY_LOSS_TARGETS[0]}"
+        )
+    try:
+        settings = omega_conf_to_dataclass(_detached(policy_loss))
+    except InstantiationException as e:  # hydra wraps the config's own ValueError/RuntimeError: show that one
+        cause = e.__cause__ or e
+        raise RecipeConfigError(f"invalid RPG configuration:\n- {cause}") from e
+    assert isinstance(settings, RPGPolicyLossConfig), type(settings)
+    return settings
+
+
+def _rule_bypass(config: DictConfig, settings) -> Optional[str]:
+    from rpg.config import bypass_error
+
+    return bypass_error(config.algorithm.get("rollout_correction", None))
+
+
+def _rule_no_kl_in_reward(config: DictConfig, settings) -> Optional[str]:
+    if config.algorithm.get("use_kl_in_reward", False):
+        return (
+            "algorithm.use_kl_in_reward=True cannot be combined with an RPG loss: verl's in-reward KL is evaluated "
+            "at π_old/π_ref before the update, summed into the advantage and multiplied by w, which realises no RPG "
+            "estimator (docs/differences.md#d2) and would add a second KL on top of the loss's own. Set "
+            "algorithm.use_kl_in_reward=False; the RPG KL is the loss's policy_loss.kl_coef (β)."
+        )
+    return None
+
+
+def _rule_reference_model(config: DictConfig, settings) -> Optional[str]:
+    actor = config.actor_rollout_ref.actor
+    use_kl_loss, coef = bool(actor.use_kl_loss), float(actor.kl_loss_coef)
+    if settings.needs_ref_log_prob and not (use_kl_loss and coef == 0.0):
+        why = (
+            f"loss_mode={settings.loss_mode!r}"
+            if settings.spec.needs_reference
+            else f"policy_loss.reference={settings.reference!r}"
+        )
+        return (
+            f"{why} needs verl's reference model: set actor_rollout_ref.actor.use_kl_loss=True (so verl builds "
+            f"the reference worker and ships ref_log_prob to the loss) and actor_rollout_ref.actor.kl_loss_coef=0 "
+            f"(so verl adds no KL of its own; the loss's β is policy_loss.kl_coef). Got use_kl_loss={use_kl_loss}, "
+            f"kl_loss_coef={coef}."
+        )
+    if not settings.needs_ref_log_prob and use_kl_loss and coef != 0.0:
+        return (
+            f"policy_loss.reference='iterative' (π_ref = π_old, paper §5) with actor.use_kl_loss=True and "
+            f"kl_loss_coef={coef}: verl would add its own {actor.kl_loss_type!r} KL against a frozen reference "
+            f"model on top of the RPG KL. Set actor_rollout_ref.actor.use_kl_loss=False (the RPG β is "
+            f"policy_loss.kl_coef), or use policy_loss.reference=frozen with kl_loss_coef=0."
+        )
+    return None
+
+
+RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
+    _rule_bypass,
+    _rule_no_kl_in_reward,
+    _rule_reference_model,
+)
+
+
+def validate_rpg(config: DictConfig):
+    """Check the loss rules on a composed config; return the `RPGPolicyLossConfig` (None for verl's own losses).
+
+    The loss table (`rpg.losses.LOSSES`, `python -m rpg.launch --list`) drives them. All violations are reported
+    together:
+    * `loss_mode` and `adv_estimator` are registered (the valid names are listed on error);
+    * every clip field the loss reads (its table row, or verl's vanilla/gspo/cispo) is usable: ε1 ∈ (0, 1),
+      ε2 > 0, c > 1 (verl itself checks c only inside the loss, at the first update);
+    * RPG loss ⇒ `policy_loss._target_` is `rpg.RPGPolicyLossConfig` and its fields are valid, including that no
+      option is set that cannot change this loss or reference mode (`rpg.config.ineffective_options`);
+    * RPG loss ⇒ `algorithm.rollout_correction.bypass_mode=False` (rpg.config.BYPASS_ERROR);
+    * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (docs/differences.md#d2);
+    * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
+    * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
+      `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
+    * building the RPG config installs the `ref_log_prob` adapter (and for `periodic` the worker hooks) when the
+      settings need them: on a verl version or signature they were not written for, that fails here, naming both.
+    """
+    from rpg.config import clip_errors
+    from rpg.losses import clip_fields
+
+    check_registered(config)
+    loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
+    errors = clip_errors(config.actor_rollout_ref.actor, clip_fields(loss_mode), loss_mode)
+    settings = None
+    if is_rpg_loss(loss_mode):
+        settings = _rpg_policy_loss(config)
+        errors += [msg for rule in RPG_RULES if (msg := rule(config, settings))]
+    if errors:
+        what = "RPG" if settings is not None else "policy-loss"
+        raise RecipeConfigError(f"invalid {what} configuration:\n- " + "\n- ".join(errors))
+    return settings
