@@ -116,7 +116,7 @@ def run(config: DictConfig) -> None:
 
 def list_losses(args: Sequence[str]) -> None:
     """`python -m rpg.launch --list [--markdown]`: print the loss table (the README's table with `--markdown`)."""
-    from rpg.losses import describe_losses
+    from rpg.loss_table import describe_losses
 
     extra = [a for a in args if a != "--markdown"]
     if extra:

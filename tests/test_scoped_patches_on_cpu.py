@@ -53,7 +53,7 @@ PRELUDE = textwrap.dedent(
 SCOPE = PRELUDE + textwrap.dedent(
     """
     from rpg.config import RPGPolicyLossConfig
-    from rpg.losses import LOSSES
+    from rpg.loss_table import LOSSES
 
     out = {"import": state(),
            "finders": [f"{type(f).__module__}.{type(f).__qualname__}" for f in sys.meta_path],
@@ -101,7 +101,7 @@ def test_import_verl_patches_nothing_and_each_setting_installs_what_it_needs(ste
     out = _json(_run(SCOPE, json.dumps(steps)))
     assert out["import"] == ORIGINAL  # verl's own objects after importing verl, its workers and its trainers
     assert not [f for f in out["finders"] if f.startswith("rpg")], out["finders"]
-    from rpg.losses import LOSSES
+    from rpg.loss_table import LOSSES
 
     assert out["registered"] == sorted(LOSSES) and out["estimators"] == ["rpg", "rpg_batchmean"]
     assert {name: out[name] for name in expected} == expected

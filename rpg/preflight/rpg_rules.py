@@ -1,6 +1,6 @@
 """The RPG loss rules: what a composed config must satisfy for the plugin's losses (registered names, usable clip
 fields, the `RPGPolicyLossConfig` target and its fields, no bypass mode, no in-reward KL, the reference model exactly
-when the loss or the reference mode needs one). Driven by the loss table (`rpg.losses`)."""
+when the loss or the reference mode needs one). Driven by the loss table (`rpg.loss_table`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.config.RPGPolicyLossC
 
 
 def is_rpg_loss(loss_mode: str) -> bool:
-    """True for the plugin's losses, the rows of the loss table `rpg.losses.LOSSES` (they read RPGPolicyLossConfig)."""
-    from rpg.losses import is_rpg_loss as in_loss_table
+    """True for the plugin's losses, the rows of the loss table `rpg.loss_table.LOSSES` (they read RPGPolicyLossConfig)."""
+    from rpg.loss_table import is_rpg_loss as in_loss_table
 
     return in_loss_table(loss_mode)
 
@@ -51,7 +51,8 @@ def check_registered(config: DictConfig) -> None:
 
 def _rpg_policy_loss(config: DictConfig):
     """Instantiate `actor.policy_loss` as `RPGPolicyLossConfig` (its __post_init__ validates every field against the
-    loss table and installs what the run needs from verl, failing here if this verl is not supported)."""
+    loss table; the `rpg.config.on_build` hook that `rpg.reference` registers then installs what the run needs from
+    verl, failing here if this verl is not supported)."""
     from hydra.errors import InstantiationException
 
     from rpg.config import RPGPolicyLossConfig
@@ -126,7 +127,7 @@ RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
 def validate_rpg(config: DictConfig):
     """Check the loss rules on a composed config; return the `RPGPolicyLossConfig` (None for verl's own losses).
 
-    The loss table (`rpg.losses.LOSSES`, `python -m rpg.launch --list`) drives them. All violations are reported
+    The loss table (`rpg.loss_table.LOSSES`, `python -m rpg.launch --list`) drives them. All violations are reported
     together:
     * `loss_mode` and `adv_estimator` are registered (the valid names are listed on error);
     * every clip field the loss reads (its table row, or verl's vanilla/gspo/cispo) is usable: ε1 ∈ (0, 1),
@@ -142,7 +143,7 @@ def validate_rpg(config: DictConfig):
       settings need them: on a verl version or signature they were not written for, that fails here, naming both.
     """
     from rpg.config import clip_errors
-    from rpg.losses import clip_fields
+    from rpg.loss_table import clip_fields
 
     check_registered(config)
     loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
