@@ -37,8 +37,14 @@ Micro-batching (docs/cpu.md#hf-rollout): requests that arrive within ``RPG_HF_RO
 (temperature, top_p, top_k); rows stop individually. ``RPG_HF_ROLLOUT_MAX_BATCH`` (default 256) caps a batch and
 ``RPG_HF_ROLLOUT_THREADS`` (default 1) sets the server's torch threads.
 
-Limits: text only; sync trainers only (``abort_all_requests`` is a no-op, so the async/partial-rollout trainers are not
-supported); LoRA only with ``model.lora.merge=True``; policy rollout only (no reward/teacher replicas).
+Partial rollouts (the asynchronous v1 trainers, docs/cpu.md#hf-rollout): ``abort_all_requests`` closes the server's
+gate and stops the running decode at the next token; each unfinished request returns the tokens it has so far with
+``stop_reason="aborted"`` (queued ones with none), tagged with the weight version that generated them, and requests
+that arrive while the gate is closed wait for ``resume_generation`` (or, with ``reject_request=True``, return
+"aborted" at once), as verl's vLLM server does. verl's ``FullyAsyncLLMServerClient`` then resubmits prompt + partial
+response under the new weights, so a response can span several weight versions.
+
+Limits: text only; LoRA only with ``model.lora.merge=True``; policy rollout only (no reward/teacher replicas).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
@@ -170,7 +177,7 @@ MIN_DECODE_ROWS = 8
 @torch.no_grad()
 def decode_batch(model: torch.nn.Module, prompts: list[list[int]], specs: list[SamplingSpec],
                  generators: list[Optional[torch.Generator]], pad_token_id: int,
-                 prompt_width: int = 0) -> list[tuple[list[int], list[float]]]:
+                 prompt_width: int = 0, stop: Optional[threading.Event] = None) -> list[tuple[list[int], list[float]]]:
     """KV-cached batched decoding of left-padded prompts; each row has its own max length, stop set and generator.
 
     A row's results do not depend on the other rows when the batch shape does not: prompts are left-padded to
@@ -181,8 +188,10 @@ def decode_batch(model: torch.nn.Module, prompts: list[list[int]], specs: list[S
         specs: B `SamplingSpec` sharing one ``group_key`` (temperature/top-k/top-p).
         generators: B per-row generators (ignored when greedy).
         prompt_width: pad prompts to at least this many tokens (the server passes its ``prompt_length``).
+        stop: when set (by another thread), decoding ends before the next token; unfinished rows keep what they have.
     Returns:
-        B pairs ``(response_ids, log_probs)``; a row ends after its first stop token (included) or at ``max_tokens``.
+        B pairs ``(response_ids, log_probs)``; a row ends after its first stop token (included), at ``max_tokens``,
+        or, unfinished, when ``stop`` was set.
         ``log_probs`` are processed log-probs of the chosen tokens (empty if the spec did not ask for them).
     """
     spec0 = specs[0]
@@ -202,6 +211,8 @@ def decode_batch(model: torch.nn.Module, prompts: list[list[int]], specs: list[S
     active = list(range(bsz))
     cache, step_ids, step_pos = None, ids, positions
     for _ in range(max_new):
+        if stop is not None and stop.is_set():
+            break
         out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache,
                     use_cache=True)
         cache = out.past_key_values
@@ -288,6 +299,13 @@ class HFRolloutServer:
         self._pending: list[tuple[list[int], SamplingSpec, torch.Generator, asyncio.Future]] = []
         self._drain_task: Optional[asyncio.Task] = None
         self._lock = asyncio.Lock()  # one decode or weight update at a time
+        # partial rollouts: abort_all_requests closes the gate and stops the running decode; resume_generation opens it
+        self._stop = threading.Event()  # read by decode_batch in its worker thread
+        self._paused = False
+        self._rejecting = False
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self._decoding = 0  # requests in the running decode
         self._window = float(os.environ.get("RPG_HF_ROLLOUT_BATCH_WINDOW", "0.02"))
         self._max_batch = int(os.environ.get("RPG_HF_ROLLOUT_MAX_BATCH", "256"))
         self.stats = {"requests": 0, "batches": 0, "tokens": 0, "decode_s": 0.0}
@@ -315,14 +333,23 @@ class HFRolloutServer:
         prompt_ids = [int(t) for t in prompt_ids]
         spec = SamplingSpec.from_request(sampling_params, len(prompt_ids), self.prompt_length, self.response_length,
                                          self.eos_token_ids)
+        while self._paused:  # behind a closed gate (abort_all_requests): wait for resume_generation, or fail now
+            if self._rejecting:
+                return TokenOutput(token_ids=[], log_probs=[] if spec.logprobs else None, stop_reason="aborted",
+                                   num_preempted=0, extra_fields={"global_steps": self.global_steps})
+            await self._resume.wait()
         future = asyncio.get_running_loop().create_future()
         self._pending.append((prompt_ids, spec, self._generator_for(prompt_ids, spec), future))
         if self._drain_task is None or self._drain_task.done():
             self._drain_task = asyncio.ensure_future(self._drain())
-        token_ids, log_probs = await future
+        token_ids, log_probs, stop_reason, version = await future
         return TokenOutput(token_ids=token_ids, log_probs=log_probs if spec.logprobs else None,
-                           stop_reason="completed", num_preempted=0,
-                           extra_fields={"global_steps": self.global_steps})
+                           stop_reason=stop_reason, num_preempted=0, extra_fields={"global_steps": version})
+
+    def _aborted(self, item) -> None:
+        """Answer a request that never reached a decode: no tokens, "aborted" (the client resubmits it)."""
+        if not item[3].done():
+            item[3].set_result(([], [], "aborted", self.global_steps))
 
     async def _drain(self) -> None:
         """Serve pending requests in micro-batches until the queue stays empty for one batching window."""
@@ -339,24 +366,35 @@ class HFRolloutServer:
 
     async def _run_group(self, items: list) -> None:
         async with self._lock:
+            if self._paused:  # the gate closed while this group waited for the lock
+                for it in items:
+                    self._aborted(it)
+                return
+            version = self.global_steps  # the weights every token of this decode comes from
             t0 = time.perf_counter()
+            self._decoding = len(items)
             try:
                 results = await asyncio.to_thread(decode_batch, self.model, [it[0] for it in items],
                                                   [it[1] for it in items], [it[2] for it in items], self.pad_token_id,
-                                                  self.prompt_length)
+                                                  self.prompt_length, self._stop)
             except Exception as exc:  # fail these requests, keep serving
                 logger.exception("HFRolloutServer: decode failed")
                 for it in items:
                     if not it[3].done():
                         it[3].set_exception(exc)
                 return
+            finally:
+                self._decoding = 0
+            stopped = self._stop.is_set()
             self.stats["requests"] += len(items)
             self.stats["batches"] += 1
             self.stats["tokens"] += sum(len(r[0]) for r in results)
             self.stats["decode_s"] += time.perf_counter() - t0
-        for it, res in zip(items, results):
+        for it, (ids, lps) in zip(items, results):
+            spec = it[1]
+            finished = len(ids) >= spec.max_tokens or (ids and ids[-1] in spec.stop_token_ids)
             if not it[3].done():
-                it[3].set_result(res)
+                it[3].set_result((ids, lps, "completed" if finished or not stopped else "aborted", version))
 
     # ---- weights ---------------------------------------------------------------------------------------------------
     async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> dict:
@@ -397,10 +435,29 @@ class HFRolloutServer:
         return None
 
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
-        return {"aborted_count": 0, "request_ids": []}  # sync trainers never abort
+        """Close the gate and end every unfinished request (partial rollout; see the module docstring).
+
+        Queued requests return "aborted" with no tokens, the running decode stops before its next token and returns
+        what it has. Returns once nothing is decoding, so a weight update that follows cannot mix versions. New
+        requests wait for `resume_generation` (``reject_request=True``: return "aborted" at once).
+        """
+        self._paused, self._rejecting = True, bool(reject_request)
+        self._resume.clear()
+        self._stop.set()
+        running = self._decoding
+        queued, self._pending = self._pending, []
+        for item in queued:
+            self._aborted(item)
+        async with self._lock:  # the running decode (if any) has returned
+            self._stop.clear()
+        logger.info("HFRolloutServer[%d] aborted %d queued and %d running requests", self.replica_rank, len(queued),
+                    running)
+        return {"aborted_count": len(queued) + running, "request_ids": []}
 
     async def resume_generation(self) -> None:
-        return None
+        """Open the gate closed by `abort_all_requests`: waiting requests are admitted."""
+        self._paused = self._rejecting = False
+        self._resume.set()
 
     async def start_profile(self, **kwargs) -> None:
         return None

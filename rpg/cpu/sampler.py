@@ -32,6 +32,12 @@ TransferQueue registered their uids), and a batch lists its groups in that order
 by their response tokens (the ``n`` copies of a prompt are interchangeable, so which copy received which sample
 depends on arrival order at the rollout server; the sorted order does not). With the rollout's per-request seeds
 (`rpg.cpu.hf_rollout`) a run is then a function of its seed on a given machine.
+
+Asynchronous trainers (``trainer.v1.trainer_mode=colocate_async|separate_async``). The same custom-sampler setting then
+builds `FastPollReplayBufferAsync`: verl's ``ReplayBufferAsync`` (staleness cap, DAPO evict k / refill k, oldest
+groups first) with the poll interval and the DAPO metric from ``sampler_kwargs``, so the CPU profile can keep one
+sampler setting for every trainer mode. No determinism is promised there: which responses a step trains on depends
+on what had finished, as in verl.
 """
 
 from __future__ import annotations
@@ -41,10 +47,25 @@ from typing import Any
 
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, _accumulate_eviction_metrics
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync, _accumulate_eviction_metrics
 from verl.utils.skip import SkipManager
 
 DEFAULT_POLL_INTERVAL = 0.05
+SAMPLER_KWARGS = ("filter_groups", "poll_interval", "train_batch_size")
+
+
+def _options(sampler_kwargs: Any) -> tuple[dict, float, str | None]:
+    """``(options, poll_interval, DAPO metric or None)`` from ``sampler_kwargs``; unknown keys and filtering without
+    a metric are refused."""
+    opts = dict(sampler_kwargs or {})
+    unknown = set(opts) - set(SAMPLER_KWARGS)
+    if unknown:
+        raise ValueError(f"FastPollReplayBuffer: unknown sampler_kwargs {sorted(unknown)}; valid: {list(SAMPLER_KWARGS)}")
+    filter_groups = opts.get("filter_groups") or {}
+    metric = filter_groups.get("metric") if filter_groups.get("enable", False) else None
+    if filter_groups.get("enable", False) and not metric:
+        raise ValueError("algorithm.filter_groups.metric must be set when group filtering is enabled")
+    return opts, float(opts.get("poll_interval", DEFAULT_POLL_INTERVAL)), metric
 
 
 def _session_of(key: str) -> tuple[str, int, int]:
@@ -57,26 +78,22 @@ class FastPollReplayBuffer(ReplayBuffer):
     """`ReplayBuffer` for the sync trainer with ``poll_interval`` (and DAPO filtering) taken from ``sampler_kwargs``,
     and timing-independent batches (see the module docstring)."""
 
+    def __new__(cls, *args, **kwargs):
+        """The asynchronous trainer modes get `FastPollReplayBufferAsync` (built here, since it is no subclass)."""
+        if cls is FastPollReplayBuffer and kwargs.get("trainer_mode", "sync") != "sync":
+            return FastPollReplayBufferAsync(*args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, *, sampler_kwargs: Any = None, **kwargs):
-        opts = dict(sampler_kwargs or {})
-        unknown = set(opts) - {"poll_interval", "filter_groups", "train_batch_size"}
-        if unknown:
-            raise ValueError(f"FastPollReplayBuffer: unknown sampler_kwargs {sorted(unknown)}; "
-                             f"valid: ['filter_groups', 'poll_interval', 'train_batch_size']")
-        if kwargs.get("trainer_mode", "sync") != "sync":
-            raise ValueError(f"FastPollReplayBuffer supports trainer.v1.trainer_mode=sync only, "
-                             f"got {kwargs.get('trainer_mode')!r}")
+        opts, poll_interval, metric = _options(sampler_kwargs)
         if "train_batch_size" not in opts:
             raise ValueError("FastPollReplayBuffer needs trainer.v1.sampler.sampler_kwargs.train_batch_size "
                              "(set it to '${data.train_batch_size}')")
         filter_groups = opts.get("filter_groups") or {}
-        metric = filter_groups.get("metric") if filter_groups.get("enable", False) else None
-        if filter_groups.get("enable", False) and not metric:
-            raise ValueError("algorithm.filter_groups.metric must be set when group filtering is enabled")
         batch = int(opts["train_batch_size"])
         super().__init__(
             sampler_kwargs=sampler_kwargs,
-            poll_interval=float(opts.get("poll_interval", DEFAULT_POLL_INTERVAL)),
+            poll_interval=poll_interval,
             filter_groups_metric=metric,
             train_batch_size=batch,
             gen_batch_size=1 if metric is not None else batch,
@@ -160,3 +177,17 @@ class FastPollReplayBuffer(ReplayBuffer):
             raise RuntimeError("FastPollReplayBuffer: the selected groups have no trajectories (all failed); enable "
                                "trainer.v1.sampler.sync_refill_failed_groups to replace failed groups")
         return self._materialize_batch(partition_id, selected, snapshot), metrics
+
+
+class FastPollReplayBufferAsync(ReplayBufferAsync):
+    """verl's `ReplayBufferAsync` (asynchronous trainer modes) with ``poll_interval`` and the DAPO metric taken from
+    ``sampler_kwargs`` (``train_batch_size`` is accepted and unused: async DAPO refills exactly the evicted groups)."""
+
+    def __init__(self, *, sampler_kwargs: Any = None, **kwargs):
+        mode = kwargs.get("trainer_mode")
+        if mode == "sync":
+            raise ValueError("FastPollReplayBufferAsync is for the asynchronous trainer modes; the sync trainer "
+                             "uses FastPollReplayBuffer")
+        _, poll_interval, metric = _options(sampler_kwargs)
+        super().__init__(sampler_kwargs=sampler_kwargs, poll_interval=poll_interval, filter_groups_metric=metric,
+                         **kwargs)
