@@ -162,9 +162,21 @@ class Divergence:
             out = w_part if out is None else out + w_part
         return out
 
-    def kl_adv(self, log_w_kl: Tensor, log_w: Tensor, log_rho: Scalar, beta: float) -> Tensor:
+    def kl_adv(
+        self, log_w_kl: Tensor, log_w: Tensor, log_rho: Scalar, beta: float,
+        w: Optional[Tensor] = None, kl: Optional[Tensor] = None,
+    ) -> Tensor:  # fmt: skip
         """β·C_KL(w_k)/w = a·β·(ρ/w) + β·(w_k/w)·b(log w_k), the KL part of the REINFORCE effective advantage
-        A' = A + C/w (Algorithm 2 line 14: C at w_k = w̄ or w, divided by the raw w). Detached inputs; a new tensor."""
+        A' = A + C/w (Algorithm 2 line 14: C at w_k = w̄ or w, divided by the raw w). Detached inputs; a new tensor.
+
+        With a constant ρ (Python-scalar log ρ) and the raw ratio `w` given, it is one division of `kl` = β·C_KL(w_k)
+        (computed here if w_k = w) by w, without exponentials: within the guard |C_KL| ≤ 61·e^60 and 1/w ≤ e^60, so
+        C/w is finite in float32. Only with a tensor ρ can ρ/w reach e^120; then the sum above (`scaled_ratio`)."""
+        exponentials = bool(self.kl_rho) or (self.kl_w is not None and log_w_kl is not log_w)
+        if exponentials and w is not None and isinstance(log_rho, float) and (kl is not None or log_w_kl is log_w):
+            if kl is None:
+                kl = self.kl_component(log_w, w, log_rho, math.exp(log_rho)).mul_(beta)
+            return kl / w
         out = _scaled_inverse(log_w, log_rho, beta * self.kl_rho) if self.kl_rho else None
         if self.kl_w is not None:
             b = self.kl_w(log_w_kl, log_rho)

@@ -253,7 +253,7 @@ def rpg_reinforce(
         else:
             raise ValueError(f"kl_ratio={kl_ratio!r}; choose 'clipped' or 'raw'")
         kl_c = div.kl_component(log_w_kl, w_kl, log_rho, rho).mul_(beta)
-        kl_adv = div.kl_adv(log_w_kl, log_w, log_rho, beta)  # C/w (Algorithm 2 line 14 divides by the raw w)
+        kl_adv = div.kl_adv(log_w_kl, log_w, log_rho, beta, w=w, kl=kl_c)  # C/w (Algorithm 2 line 14: the raw w)
         if branch_on == "effective_advantage":
             positive = (adv + kl_adv) >= 0
         elif branch_on == "advantage":
@@ -287,35 +287,48 @@ def metric_tensors(out: TokenLoss, div: Divergence, beta: float) -> dict[str, Te
     and verl's standard actor/ppo_kl, actor/pg_clipfrac (flat branches at 1±ε), actor/pg_clipfrac_lower (at c).
     """
     with torch.no_grad():
-        mask, br = out.mask, out.branches
-        positive, grad = br.positive & mask, br.grad & mask
-        counts = torch.stack([mask.sum(), positive.sum(), (positive & grad).sum(), grad.sum(), (br.low & mask).sum()])
-        n, n_pos, pos_grad, n_grad, neg_low = counts.double().unbind()
-        neg_grad = n_grad - pos_grad
-        kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_w, out.log_rho, beta)
-        w_valid = torch.where(mask, out.w, 0.0)  # w > 0: the 0 of padding never is the maximum
+        mask, br, w = out.mask, out.branches, out.w
+        # valid tokens counted from the left of BRANCHES: the differences are the five branch counts
+        counts = torch.stack([
+            _count(br.positive & br.grad & mask), _count(br.positive & mask), _count((br.positive | br.low) & mask),
+            _count((br.positive | br.low | br.grad) & mask), _count(mask),
+        ])  # fmt: skip
+        valid = _as_float(mask, w.dtype)
+        w_valid = w * valid  # w > 0 on valid tokens: the 0 of padding is never the maximum
+        kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_w, out.log_rho, beta, w=w)
         # padding holds log w = 0, A = 0 and a zero KL estimate (w = ρ = 1): their sums need no mask
         sums = torch.stack([
-            w_valid.sum(), out.log_w.sum(), div.estimate(out.log_w, out.w, out.log_rho, out.rho).sum(),
-            torch.where(mask, kl_adv, 0.0).abs_().sum(), out.adv.abs().sum(),
-        ]).double() / n.clamp_min(1.0)  # fmt: skip
-        w_mean, log_w_mean, kl, kl_abs, adv_abs = sums.unbind()
-        fractions = torch.stack([pos_grad, n_pos - pos_grad, neg_low, neg_grad, n - n_pos - neg_low - neg_grad])
-        fractions = (fractions / n.clamp_min(1.0)).unbind()
-        stats = {f"actor/rpg/frac_{name}": frac for name, frac in zip(BRANCHES, fractions)}
+            w_valid.sum(), -out.log_w.sum(), div.estimate(out.log_w, w, out.log_rho, out.rho).sum(),
+            (kl_adv.mul_(valid) if out.kl_adv is None else kl_adv * valid).abs_().sum(), out.adv.abs().sum(),
+        ])  # fmt: skip
+        extremes = torch.stack([w_valid.amax(), torch.add(w_valid, 1.0 - valid, alpha=torch.finfo(w.dtype).max).amin()])
+        n = counts[-1:].double()
+        values = torch.cat([torch.diff(counts, prepend=counts.new_zeros(1)), sums]).double() / n.clamp_min(1.0)
+        frac, (w_mean, ppo_kl, kl, kl_abs, adv_abs) = values[:5], values[5:].unbind()
+        stats = dict(zip([f"actor/rpg/frac_{name}" for name in BRANCHES], frac.unbind()))
         stats.update({
             "actor/rpg/kl": kl,
             "actor/rpg/kl_adv_abs": kl_abs,
             "actor/rpg/kl_adv_rel": kl_abs / adv_abs.clamp_min(1e-12),
             "actor/rpg/ratio_mean": w_mean,
-            "actor/rpg/ratio_max": w_valid.amax().double(),
-            "actor/rpg/ratio_min": torch.where(mask, out.w, math.inf).amin().double(),
-            "actor/ppo_kl": -log_w_mean,
-            "actor/pg_clipfrac": fractions[1] + fractions[2],
-            "actor/pg_clipfrac_lower": fractions[4],
-            "_n": n,
+            "actor/rpg/ratio_max": extremes[0].double(),
+            "actor/rpg/ratio_min": extremes[1].double(),
+            "actor/ppo_kl": ppo_kl,
+            "actor/pg_clipfrac": frac[1:3].sum(),
+            "actor/pg_clipfrac_lower": stats["actor/rpg/frac_neg_flat_c"],
+            "_n": n[0],
         })  # fmt: skip
     return stats
+
+
+def _count(flags: Tensor) -> Tensor:
+    """Number of True entries of a bool tensor (an integer 0-d tensor; no host synchronisation)."""
+    return flags.view(torch.uint8).sum(dtype=torch.int32)
+
+
+def _as_float(flags: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool tensor as 0/1 of `dtype` (through uint8: the direct bool conversion is several times slower on CPU)."""
+    return flags.view(torch.uint8).to(dtype)
 
 
 def _metrics(out: TokenLoss, div: Divergence, beta: float) -> dict[str, float]:
