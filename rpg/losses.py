@@ -141,10 +141,10 @@ def dual_clip_branch(w: Tensor, positive: Tensor, clip: ClipParams) -> Branches:
 
     Returned as the masks `Branches` (gradient branch, lower flat branch); `clipped_ratio`, `has_gradient`, the
     branch codes and the metric fractions are derived from them."""
-    low = w <= 1.0 - clip.eps_low
-    neg_grad = (w < clip.c).logical_and_(~low).logical_and_(~positive)
+    negative, low = ~positive, w <= 1.0 - clip.eps_low
+    neg_grad = (w < clip.c).logical_and_(~low).logical_and_(negative)
     grad = (w < 1.0 + clip.eps_high).logical_and_(positive).logical_or_(neg_grad)
-    return Branches(positive, grad, low.logical_and_(~positive))
+    return Branches(positive, grad, low.logical_and_(negative))
 
 
 def has_gradient(branches: Branches) -> Tensor:
@@ -262,21 +262,55 @@ def rpg_reinforce(
             raise ValueError(f"branch_on={branch_on!r}; choose 'effective_advantage' or 'advantage'")
         branches = dual_clip_branch(w, positive, clip)
         if hard_clip:
-            weight, with_grad = torch.addcmul(kl_c, w_bar, adv), mask
+            weight = torch.addcmul(kl_c, w_bar, adv)
         else:
-            weight, with_grad = torch.addcmul(kl_c, clipped_ratio(w, branches, clip), adv), branches.grad & mask
-        flat_log_prob = torch.where(mask, log_prob.detach(), 0.0)  # ℓ = −log π_θ without gradient, 0 on padding
-    # loss = weight·ℓ = −weight·log π_θ, the gradient flowing only where `with_grad`
-    loss = torch.where(with_grad, log_prob, flat_log_prob) * weight.neg_()
+            weight = torch.addcmul(kl_c, clipped_ratio(w, branches, clip), adv)
+            flat_log_prob = torch.where(mask, log_prob.detach(), 0.0)  # log π_θ without gradient, 0 on padding
+    # loss = weight·ℓ = −weight·log π_θ (0 on padding), the gradient flowing only in the gradient branches
+    if hard_clip:
+        loss = torch.where(mask, log_prob, 0.0) * weight.neg_()
+    else:
+        loss = torch.where(branches.grad & mask, log_prob, flat_log_prob) * weight.neg_()
     return TokenLoss(loss, mask, w, log_w, adv, branches, log_rho, rho, kl_adv)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # verl wiring: registered functions with verl 0.9.1's PolicyLossFn signature
 # ---------------------------------------------------------------------------------------------------------------
-def metric_tensors(out: TokenLoss, div: Divergence, beta: float) -> dict[str, Tensor]:
-    """Dashboard metrics as 0-d float64 tensors on the loss's device, over the valid tokens only (masked sums, no
-    host synchronisation; `_n` is the number of valid tokens).
+def metric_statistics(out: TokenLoss, div: Divergence, beta: float) -> Tensor:
+    """The sufficient statistics of the dashboard metrics (`_metrics`), over the valid tokens only, as ONE float64
+    vector on the loss's device (no host synchronisation), in the order of `STATISTICS`: the numbers of valid tokens
+    counted from the left of BRANCHES (their differences are the five branch counts), the sums of w, log w, the KL
+    estimate, |C/w| and |A|, and the largest and smallest w."""
+    with torch.no_grad():
+        mask, br, w = out.mask, out.branches, out.w
+        low = br.positive | br.low
+        left = torch.stack([br.positive & br.grad, br.positive, low, low | br.grad, mask]).logical_and_(mask)
+        counts = left.view(torch.uint8).flatten(1).sum(1, dtype=torch.int32)
+        valid = _as_float(mask, w.dtype)
+        w_valid = w * valid  # w > 0 on valid tokens: the 0 of padding is never the maximum
+        kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_w, out.log_rho, beta, w=w)
+        # padding holds log w = 0, A = 0 and a zero KL estimate (w = ρ = 1): their sums need no mask
+        sums = torch.stack([
+            w_valid.sum(), out.log_w.sum(), div.estimate(out.log_w, w, out.log_rho, out.rho).sum(),
+            (kl_adv.mul_(valid) if out.kl_adv is None else kl_adv * valid).abs_().sum(), out.adv.abs().sum(),
+            w_valid.amax(), torch.add(w_valid, 1.0 - valid, alpha=torch.finfo(w.dtype).max).amin(),
+        ])  # fmt: skip
+        return torch.cat([counts.double(), sums.double()])
+
+
+STATISTICS = ("n_pos_grad", "n_pos", "n_pos_or_low", "n_not_flat_c", "n", "sum_w", "sum_log_w", "sum_kl",
+              "sum_abs_kl_adv", "sum_abs_adv", "max_w", "min_w")  # fmt: skip
+
+
+def _as_float(flags: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool tensor as 0/1 of `dtype` (through uint8: the direct bool conversion is several times slower on CPU)."""
+    return flags.view(torch.uint8).to(dtype)
+
+
+def _metrics(out: TokenLoss, div: Divergence, beta: float) -> dict[str, float]:
+    """Dashboard metrics over the valid tokens, with ONE device→host transfer (of `metric_statistics`; verl's
+    `Metric` would call `.item()` on each tensor); {} for a micro-batch without valid tokens.
 
     actor/rpg/kl            mean per-token estimate of D(π_θ, π_ref) (k3-type, ≥ 0; `Divergence.estimate`)
     actor/rpg/frac_<branch> fraction of tokens in each dual-clip branch (BRANCHES)
@@ -286,58 +320,25 @@ def metric_tensors(out: TokenLoss, div: Divergence, beta: float) -> dict[str, Te
     actor/rpg/ratio_{mean,max,min}
     and verl's standard actor/ppo_kl, actor/pg_clipfrac (flat branches at 1±ε), actor/pg_clipfrac_lower (at c).
     """
-    with torch.no_grad():
-        mask, br, w = out.mask, out.branches, out.w
-        # valid tokens counted from the left of BRANCHES: the differences are the five branch counts
-        counts = torch.stack([
-            _count(br.positive & br.grad & mask), _count(br.positive & mask), _count((br.positive | br.low) & mask),
-            _count((br.positive | br.low | br.grad) & mask), _count(mask),
-        ])  # fmt: skip
-        valid = _as_float(mask, w.dtype)
-        w_valid = w * valid  # w > 0 on valid tokens: the 0 of padding is never the maximum
-        kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_w, out.log_rho, beta, w=w)
-        # padding holds log w = 0, A = 0 and a zero KL estimate (w = ρ = 1): their sums need no mask
-        sums = torch.stack([
-            w_valid.sum(), -out.log_w.sum(), div.estimate(out.log_w, w, out.log_rho, out.rho).sum(),
-            (kl_adv.mul_(valid) if out.kl_adv is None else kl_adv * valid).abs_().sum(), out.adv.abs().sum(),
-        ])  # fmt: skip
-        extremes = torch.stack([w_valid.amax(), torch.add(w_valid, 1.0 - valid, alpha=torch.finfo(w.dtype).max).amin()])
-        n = counts[-1:].double()
-        values = torch.cat([torch.diff(counts, prepend=counts.new_zeros(1)), sums]).double() / n.clamp_min(1.0)
-        frac, (w_mean, ppo_kl, kl, kl_abs, adv_abs) = values[:5], values[5:].unbind()
-        stats = dict(zip([f"actor/rpg/frac_{name}" for name in BRANCHES], frac.unbind()))
-        stats.update({
-            "actor/rpg/kl": kl,
-            "actor/rpg/kl_adv_abs": kl_abs,
-            "actor/rpg/kl_adv_rel": kl_abs / adv_abs.clamp_min(1e-12),
-            "actor/rpg/ratio_mean": w_mean,
-            "actor/rpg/ratio_max": extremes[0].double(),
-            "actor/rpg/ratio_min": extremes[1].double(),
-            "actor/ppo_kl": ppo_kl,
-            "actor/pg_clipfrac": frac[1:3].sum(),
-            "actor/pg_clipfrac_lower": stats["actor/rpg/frac_neg_flat_c"],
-            "_n": n[0],
-        })  # fmt: skip
-    return stats
-
-
-def _count(flags: Tensor) -> Tensor:
-    """Number of True entries of a bool tensor (an integer 0-d tensor; no host synchronisation)."""
-    return flags.view(torch.uint8).sum(dtype=torch.int32)
-
-
-def _as_float(flags: Tensor, dtype: torch.dtype) -> Tensor:
-    """A bool tensor as 0/1 of `dtype` (through uint8: the direct bool conversion is several times slower on CPU)."""
-    return flags.view(torch.uint8).to(dtype)
-
-
-def _metrics(out: TokenLoss, div: Divergence, beta: float) -> dict[str, float]:
-    """`metric_tensors` as Python floats, with ONE device→host transfer (verl's `Metric` would call `.item()` on
-    each tensor); {} for a micro-batch without valid tokens."""
-    stats = metric_tensors(out, div, beta)
-    values = torch.stack(list(stats.values())).tolist()
-    metrics = dict(zip(stats, values))
-    return {} if metrics.pop("_n") == 0 else metrics
+    s = dict(zip(STATISTICS, metric_statistics(out, div, beta).tolist()))
+    n = s["n"]
+    if n == 0:
+        return {}
+    left = [0.0, s["n_pos_grad"], s["n_pos"], s["n_pos_or_low"], s["n_not_flat_c"], n]
+    metrics = {f"actor/rpg/frac_{name}": (left[i + 1] - left[i]) / n for i, name in enumerate(BRANCHES)}
+    kl_abs = s["sum_abs_kl_adv"] / n
+    metrics.update({
+        "actor/rpg/kl": s["sum_kl"] / n,
+        "actor/rpg/kl_adv_abs": kl_abs,
+        "actor/rpg/kl_adv_rel": kl_abs / max(s["sum_abs_adv"] / n, 1e-12),
+        "actor/rpg/ratio_mean": s["sum_w"] / n,
+        "actor/rpg/ratio_max": s["max_w"],
+        "actor/rpg/ratio_min": s["min_w"],
+        "actor/ppo_kl": -s["sum_log_w"] / n,
+        "actor/pg_clipfrac": metrics["actor/rpg/frac_pos_flat_high"] + metrics["actor/rpg/frac_neg_flat_low"],
+        "actor/pg_clipfrac_lower": metrics["actor/rpg/frac_neg_flat_c"],
+    })  # fmt: skip
+    return metrics
 
 
 def _ref_log_prob(settings: RPGPolicyLossConfig, loss_name: str) -> Optional[Tensor]:
