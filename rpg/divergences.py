@@ -34,9 +34,11 @@ For normalised policies UKL = KL, so UFKL/FKL (and URKL/RKL) are the same object
 zero-mean control variate ±β·w (docs/losses.md#control-variates), which the tests check exactly.
 
 Numerics. `guarded_log_ratio` masks padding to 0 and limits every log-ratio to ±LOG_RATIO_GUARD (the one guard of the
-package, also used by the reference's KL meter). Within it, w, ρ, their inverses and their products with log-ratios
-are finite in float32; only ρ/w (and w/ρ) can reach e^120. `scaled_ratio` computes β·ρ/w in float64 and saturates it
-at finfo(dtype).max·e^−EXP_HEADROOM, so every value and gradient is finite, and exact wherever it is below that bound.
+package, also used by the reference's KL meter); every function here expects log-ratios within it. Within it, w, ρ,
+their inverses and their products with log-ratios are finite in float32; only ρ/w (and w/ρ) can reach e^120.
+`scaled_ratio` computes β·ρ/w in the working dtype with its exponent limited so that the value saturates at
+finfo(dtype).max·e^−EXP_HEADROOM: every value and gradient is finite, and exact wherever it is below that bound (the
+limit is skipped where the exponent cannot reach it, e.g. for ρ ≡ 1 or in float64).
 
 All functions are elementwise on tensors of any shape (typically (batch, response_len)); `log_rho`/`rho` may be the
 Python scalars 0.0/1.0 (iterative reference) to skip work.
@@ -69,20 +71,28 @@ def _saturation(dtype: torch.dtype) -> float:
     return finfo.max * math.exp(-min(EXP_HEADROOM, math.log(finfo.max) / 4))
 
 
-def scaled_ratio(log_ratio: Tensor, beta: float) -> Tensor:
-    """β·exp(log_ratio) (β ≥ 0; e.g. β·ρ/w with log_ratio = log ρ − log w, up to e^120 within the guard), computed in
-    float64 and saturated at finfo(dtype).max·e^−EXP_HEADROOM: exact below that bound, finite (with zero gradient)
-    above it, in the dtype of `log_ratio`."""
+def scaled_ratio(log_ratio: Tensor, beta: float, max_log_ratio: float = 2 * LOG_RATIO_GUARD) -> Tensor:
+    """β·exp(log_ratio) (β ≥ 0; e.g. β·ρ/w with log_ratio = log ρ − log w, up to e^120 within the guard) in the dtype of
+    `log_ratio`, saturated at finfo(dtype).max·e^−EXP_HEADROOM: exact below that bound, finite (with zero gradient)
+    above it. `max_log_ratio` bounds `log_ratio` (2·LOG_RATIO_GUARD for log ρ − log w, LOG_RATIO_GUARD for −log w):
+    where β·e^max_log_ratio is below the bound (ρ ≡ 1, float64) nothing can saturate and no limit is applied."""
     if not beta >= 0.0:
         raise ValueError(f"the KL coefficient β must be ≥ 0, got {beta!r}")
     if beta == 0.0:
         return torch.zeros_like(log_ratio)
-    value = torch.exp(log_ratio.double()) * beta
-    return value.clamp(max=_saturation(log_ratio.dtype)).to(log_ratio.dtype)
+    finfo = torch.finfo(log_ratio.dtype)
+    log_beta = math.log(beta)
+    limit = math.log(_saturation(log_ratio.dtype)) - log_beta  # β·e^limit is the saturation bound
+    if limit > math.log(finfo.max) - 1.0:  # β < e^−headroom: e^limit itself would overflow; exponentiate log β too
+        exponent = log_ratio + log_beta
+        return torch.exp(exponent.clamp_(max=limit + log_beta) if max_log_ratio > limit else exponent)
+    value = torch.exp(log_ratio.clamp(max=limit) if max_log_ratio > limit else log_ratio)
+    return value * beta if value.requires_grad else value.mul_(beta)
 
 
-def _times(rho: Scalar, x: Tensor) -> Tensor:
-    return x if isinstance(rho, float) and rho == 1.0 else rho * x
+def _times(factor: Scalar, x: Tensor) -> Tensor:
+    """factor·x, skipping the multiplication by a Python 1.0 (ρ ≡ 1, q ≡ 1)."""
+    return x if isinstance(factor, float) and factor == 1.0 else factor * x
 
 
 @dataclass(frozen=True)
@@ -126,7 +136,7 @@ class Divergence:
         if self.table_rho is not None:
             terms.append(_times(rho, self.table_rho(log_w, log_rho)))
         if self.table_w is not None:
-            terms.append(w * self.table_w(log_w, log_rho))
+            terms.append(_times(self.table_w(log_w, log_rho), w))
         return terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
     def surrogate(self, log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
@@ -136,27 +146,47 @@ class Divergence:
 
     def kl_component(self, log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
         """C_KL/β = a·ρ + w·b at the ratio (log_w, w) (a new tensor, never a view of ρ)."""
-        out = torch.zeros_like(w) if self.kl_w is None else w * self.kl_w(log_w, log_rho)
-        return out + self.kl_rho * rho if self.kl_rho else out
+        if self.kl_w is None:
+            return torch.full_like(w, self.kl_rho * rho) if isinstance(rho, float) else self.kl_rho * rho
+        out = w * self.kl_w(log_w, log_rho)
+        return out.add_(self.kl_rho * rho) if self.kl_rho else out
 
     def table_adv(self, log_w: Tensor, log_rho: Scalar, beta: float) -> Tensor:
         """β·T/w = β·(ρ/w)·p + β·q, the KL part of Â = A − β·T/w (Algorithm 1, `inside_clip`); finite value and
         gradient for every log w, log ρ within the guard (`scaled_ratio`)."""
         out = None
         if self.table_rho is not None:
-            out = scaled_ratio(log_rho - log_w, beta) * self.table_rho(log_w, log_rho)
+            out = _scaled_inverse(log_w, log_rho, beta) * self.table_rho(log_w, log_rho)
         if self.table_w is not None:
             w_part = beta * self.table_w(log_w, log_rho)
             out = w_part if out is None else out + w_part
         return out
 
-    def kl_adv(self, log_w_kl: Tensor, log_w: Tensor, log_rho: Scalar, beta: float) -> Tensor:
+    def kl_adv(
+        self, log_w_kl: Tensor, log_w: Tensor, log_rho: Scalar, beta: float,
+        w: Optional[Tensor] = None, kl: Optional[Tensor] = None,
+    ) -> Tensor:  # fmt: skip
         """β·C_KL(w_k)/w = a·β·(ρ/w) + β·(w_k/w)·b(log w_k), the KL part of the REINFORCE effective advantage
-        A' = A + C/w (Algorithm 2 line 14: C at w_k = w̄ or w, divided by the raw w). Detached inputs."""
-        out = torch.zeros_like(log_w) if not self.kl_rho else self.kl_rho * scaled_ratio(log_rho - log_w, beta)
+        A' = A + C/w (Algorithm 2 line 14: C at w_k = w̄ or w, divided by the raw w). Detached inputs; a new tensor.
+
+        With a constant ρ (Python-scalar log ρ) and the raw ratio `w` given, it is one division of `kl` = β·C_KL(w_k)
+        (computed here if w_k = w) by w, without exponentials: within the guard |C_KL| ≤ 61·e^60 and 1/w ≤ e^60, so
+        C/w is finite in float32. Only with a tensor ρ can ρ/w reach e^120; then the sum above (`scaled_ratio`)."""
+        exponentials = bool(self.kl_rho) or (self.kl_w is not None and log_w_kl is not log_w)
+        if exponentials and w is not None and isinstance(log_rho, float) and (kl is not None or log_w_kl is log_w):
+            if kl is None:
+                kl = self.kl_component(log_w, w, log_rho, math.exp(log_rho)).mul_(beta)
+            return kl / w
+        out = _scaled_inverse(log_w, log_rho, beta * self.kl_rho) if self.kl_rho else None
         if self.kl_w is not None:
-            ratio = torch.exp(log_w_kl - log_w) if log_w_kl is not log_w else 1.0
-            out = out + beta * ratio * self.kl_w(log_w_kl, log_rho)
+            b = self.kl_w(log_w_kl, log_rho)
+            if log_w_kl is not log_w:  # β·(w_k/w)·b
+                w_part = torch.exp(log_w_kl - log_w).mul_(beta).mul_(b)
+            elif isinstance(b, float):
+                w_part = torch.full_like(log_w, beta * b)
+            else:
+                w_part = b * beta
+            out = w_part if out is None else out.add_(w_part)
         return out
 
     def estimate(self, log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:
@@ -164,20 +194,29 @@ class Divergence:
         return (w_k3 if self.reverse else rho_k3)(log_w, w, log_rho, rho)
 
 
+def _scaled_inverse(log_w: Tensor, log_rho: Scalar, beta: float) -> Tensor:
+    """β·ρ/w = `scaled_ratio(log ρ − log w)`; with ρ ≡ 1 the exponent −log w stays within the guard."""
+    if isinstance(log_rho, float):
+        return scaled_ratio(log_rho - log_w, beta, max_log_ratio=LOG_RATIO_GUARD + abs(log_rho))
+    return scaled_ratio(log_rho - log_w, beta)
+
+
+# The factors p, q, b of the rows (module docstring). A Python-scalar log ρ is folded into the constant, so that the
+# iterative reference (log ρ = 0.0) costs one tensor operation per factor; a result may be `log_w` itself.
 def _neg_log_r(log_w: Tensor, log_rho: Scalar) -> Tensor:
     return log_rho - log_w
 
 
 def _ufkl_p(log_w: Tensor, log_rho: Scalar) -> Tensor:
-    return log_rho - log_w - 1.0  # T = w − ρ − ρ·log(w/ρ) = ρ·k3(w/ρ)
+    return (log_rho - 1.0) - log_w  # T = w − ρ − ρ·log(w/ρ) = ρ·k3(w/ρ)
 
 
 def _log_r(log_w: Tensor, log_rho: Scalar) -> Tensor:
-    return log_w - log_rho
+    return log_w if isinstance(log_rho, float) and log_rho == 0.0 else log_w - log_rho
 
 
 def _log_r_minus_1(log_w: Tensor, log_rho: Scalar) -> Tensor:
-    return log_w - log_rho - 1.0
+    return log_w - (log_rho + 1.0)
 
 
 def _minus_one(log_w: Tensor, log_rho: Scalar) -> float:
@@ -189,7 +228,7 @@ def _one(log_w: Tensor, log_rho: Scalar) -> float:
 
 
 def _rkl_b(log_w: Tensor, log_rho: Scalar) -> Tensor:
-    return log_rho - log_w - 1.0  # C_KL/β = −w·(log(w/ρ) + 1)  (Prop. E.3)
+    return (log_rho - 1.0) - log_w  # C_KL/β = −w·(log(w/ρ) + 1)  (Prop. E.3)
 
 
 def _fkl_p(log_w: Tensor, log_rho: Scalar) -> Tensor:

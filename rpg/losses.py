@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -78,6 +78,23 @@ class ClipParams:
     c: float
 
 
+class Branches(NamedTuple):
+    """The dual-clip branch of every token (BRANCHES) as the masks it is derived from, each bool (bs, T):
+
+    pos_grad = positive & grad      pos_flat_high = positive & ~grad
+    neg_grad = ~positive & grad     neg_flat_low = low      neg_flat_c = ~positive & ~grad & ~low
+    """
+
+    positive: Tensor  # the branch sign: A ≥ 0, Â ≥ 0, A' ≥ 0 or A > 0 (family/option)
+    grad: Tensor  # a gradient branch (pos_grad or neg_grad)
+    low: Tensor  # neg_flat_low (negative and w ≤ 1−ε1)
+
+    def code(self) -> Tensor:
+        """int8 branch code per token (the index in BRANCHES)."""
+        neg = torch.where(self.low, NEG_FLAT_LOW, torch.where(self.grad, NEG_GRAD, NEG_FLAT_C))
+        return torch.where(self.positive, torch.where(self.grad, POS_GRAD, POS_FLAT_HIGH), neg).to(torch.int8)
+
+
 @dataclass
 class TokenLoss:
     """Per-token loss matrix plus the detached quantities the metrics need; every tensor is (bs, T).
@@ -90,10 +107,15 @@ class TokenLoss:
     w: Tensor  # detached importance ratio π_θ/π_old (1 on padding)
     log_w: Tensor  # detached log w (0 on padding)
     adv: Tensor  # detached advantage A (0 on padding)
-    branch: Tensor  # int8 dual-clip branch code (BRANCHES), chosen by the sign of A, Â or A' (family/option)
+    branches: Branches  # dual-clip branch masks, chosen by the sign of A, Â or A' (family/option)
     log_rho: Tensor | float = 0.0  # detached log ρ = log π_ref/π_old (0.0: iterative reference)
     rho: Tensor | float = 1.0
     kl_adv: Optional[Tensor] = None  # detached C/w (β included): the KL part added to the advantage, A' = A + C/w
+
+    @property
+    def branch(self) -> Tensor:
+        """int8 dual-clip branch code per token (BRANCHES)."""
+        return self.branches.code()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -110,31 +132,33 @@ def reference_ratio(
     return log_rho, torch.exp(log_rho)
 
 
-def dual_clip_branch(w: Tensor, positive: Tensor, clip: ClipParams) -> Tensor:
-    """The dual clip's rule, written once (paper §3.3, App. G.1; docs/losses.md#dual-clip): the int8 branch code of
-    each token from its detached ratio `w` and its branch sign `positive` (bool):
+def dual_clip_branch(w: Tensor, positive: Tensor, clip: ClipParams) -> Branches:
+    """The dual clip's rule, written once (paper §3.3, App. G.1; docs/losses.md#dual-clip): the branch of each token
+    from its detached ratio `w` and its branch sign `positive` (bool):
 
     positive: w < 1+ε2 → POS_GRAD, else POS_FLAT_HIGH;
     negative: w ≤ 1−ε1 → NEG_FLAT_LOW, 1−ε1 < w < c → NEG_GRAD, w ≥ c → NEG_FLAT_C.
 
-    `clipped_ratio`, `has_gradient` and the metric fractions are derived from it."""
-    pos = torch.where(w < 1.0 + clip.eps_high, POS_GRAD, POS_FLAT_HIGH)
-    neg = torch.where(w <= 1.0 - clip.eps_low, NEG_FLAT_LOW, torch.where(w < clip.c, NEG_GRAD, NEG_FLAT_C))
-    return torch.where(positive, pos, neg).to(torch.int8)
+    Returned as the masks `Branches` (gradient branch, lower flat branch); `clipped_ratio`, `has_gradient`, the
+    branch codes and the metric fractions are derived from them."""
+    negative, low = ~positive, w <= 1.0 - clip.eps_low
+    neg_grad = (w < clip.c).logical_and_(~low).logical_and_(negative)
+    grad = (w < 1.0 + clip.eps_high).logical_and_(positive).logical_or_(neg_grad)
+    return Branches(positive, grad, low.logical_and_(negative))
 
 
-def has_gradient(branch: Tensor) -> Tensor:
+def has_gradient(branches: Branches) -> Tensor:
     """bool: the branch passes the gradient (POS_GRAD, NEG_GRAD); the flat branches do not."""
-    return (branch == POS_GRAD) | (branch == NEG_GRAD)
+    return branches.grad
 
 
-def clipped_ratio(w: Tensor, branch: Tensor, clip: ClipParams) -> Tensor:
+def clipped_ratio(w: Tensor, branches: Branches, clip: ClipParams) -> Tensor:
     """The ratio each dual-clip branch multiplies the advantage with: `w` (with its gradient) in the gradient
     branches, the bound 1+ε2, 1−ε1 or c (constant) in the flat ones. Dual-clip PPO per token is `−A·clipped_ratio`,
     i.e. `max(−w·A, −clip(w, 1−ε1, 1+ε2)·A)`, and for A < 0 its `min` with `−c·A`."""
-    bound = torch.where(branch == NEG_FLAT_LOW, 1.0 - clip.eps_low, torch.full_like(w, clip.c))
-    bound = torch.where(branch == POS_FLAT_HIGH, 1.0 + clip.eps_high, bound)
-    return torch.where(has_gradient(branch), w, bound)
+    with torch.no_grad():  # the bound of each flat branch: clip(w, 1−ε1, c) is 1−ε1 or c in the negative ones
+        bound = torch.where(branches.positive, 1.0 + clip.eps_high, w.detach().clamp(1.0 - clip.eps_low, clip.c))
+    return torch.where(branches.grad, w, bound)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -165,6 +189,7 @@ def rpg_fully_differentiable(
     mask = response_mask.bool()
     log_w = guarded_log_ratio(log_prob, old_log_prob.detach(), mask)
     w = torch.exp(log_w)
+    w_detached = w.detach()
     log_rho, rho = reference_ratio(old_log_prob, ref_log_prob, mask)
     adv = torch.where(mask, advantages.detach(), 0.0)
     clamp = kl_clamp if kl_clamp is not None and div.authors_clamp else None
@@ -172,22 +197,22 @@ def rpg_fully_differentiable(
         regulariser = div.surrogate(log_w, w, log_rho, rho)
         if clamp is not None:
             regulariser = regulariser.clamp(-clamp, clamp)
-        branch = dual_clip_branch(w.detach(), adv >= 0, clip)
-        loss = torch.addcmul(beta * regulariser, adv, clipped_ratio(w, branch, clip), value=-1.0)
+        branches = dual_clip_branch(w_detached, adv >= 0, clip)
+        # exactly 0 on padding without a final mask: there A = 0 and D̂(w = 1, ρ = 1) = 0
+        loss = torch.addcmul(regulariser * beta, adv, clipped_ratio(w, branches, clip), value=-1.0)
     elif kl_placement == "inside_clip":
         kl_part = div.table_adv(log_w, log_rho, beta)  # β·T/w
         if clamp is not None:  # β·clamp(T)/w: ±β·kl_clamp/w where |T| > kl_clamp
             with torch.no_grad():
                 table = div.table_loss(log_w, w, log_rho, rho)
-            saturated = torch.sign(table) * clamp * scaled_ratio(-log_w, beta)
+            saturated = torch.sign(table) * clamp * scaled_ratio(-log_w, beta, max_log_ratio=LOG_RATIO_GUARD)
             kl_part = torch.where(table.abs() <= clamp, kl_part, saturated)
         adv_hat = adv - kl_part
-        branch = dual_clip_branch(w.detach(), adv_hat.detach() >= 0, clip)
-        loss = -adv_hat * clipped_ratio(w, branch, clip)
+        branches = dual_clip_branch(w_detached, adv_hat.detach() >= 0, clip)
+        loss = torch.where(mask, -adv_hat * clipped_ratio(w, branches, clip), 0.0)  # URKL's β·T/w ≠ 0 on padding
     else:
         raise ValueError(f"kl_placement={kl_placement!r}; choose 'additive' or 'inside_clip'")
-    loss = torch.where(mask, loss, 0.0)
-    return TokenLoss(loss, mask, w.detach(), log_w.detach(), adv, branch, log_rho, rho)
+    return TokenLoss(loss, mask, w_detached, log_w.detach(), adv, branches, log_rho, rho)
 
 
 def rpg_reinforce(
@@ -227,32 +252,65 @@ def rpg_reinforce(
             log_w_kl, w_kl = log_w, w
         else:
             raise ValueError(f"kl_ratio={kl_ratio!r}; choose 'clipped' or 'raw'")
-        kl_c = beta * div.kl_component(log_w_kl, w_kl, log_rho, rho)
-        kl_adv = div.kl_adv(log_w_kl, log_w, log_rho, beta)  # C/w (Algorithm 2 line 14 divides by the raw w)
+        kl_c = div.kl_component(log_w_kl, w_kl, log_rho, rho).mul_(beta)
+        kl_adv = div.kl_adv(log_w_kl, log_w, log_rho, beta, w=w, kl=kl_c)  # C/w (Algorithm 2 line 14: the raw w)
         if branch_on == "effective_advantage":
-            positive = adv + kl_adv >= 0
+            positive = (adv + kl_adv) >= 0
         elif branch_on == "advantage":
             positive = adv > 0
         else:
             raise ValueError(f"branch_on={branch_on!r}; choose 'effective_advantage' or 'advantage'")
-        branch = dual_clip_branch(w, positive, clip)
+        branches = dual_clip_branch(w, positive, clip)
         if hard_clip:
             weight = torch.addcmul(kl_c, w_bar, adv)
         else:
-            weight = torch.addcmul(kl_c, clipped_ratio(w, branch, clip), adv)
-    nll = torch.where(mask, -log_prob, 0.0)
-    if not hard_clip:
-        nll = torch.where(has_gradient(branch), nll, nll.detach())
-    loss = weight * nll
-    return TokenLoss(loss, mask, w, log_w, adv, branch, log_rho, rho, kl_adv)
+            weight = torch.addcmul(kl_c, clipped_ratio(w, branches, clip), adv)
+            flat_log_prob = torch.where(mask, log_prob.detach(), 0.0)  # log π_θ without gradient, 0 on padding
+    # loss = weight·ℓ = −weight·log π_θ (0 on padding), the gradient flowing only in the gradient branches
+    if hard_clip:
+        loss = torch.where(mask, log_prob, 0.0) * weight.neg_()
+    else:
+        loss = torch.where(branches.grad & mask, log_prob, flat_log_prob) * weight.neg_()
+    return TokenLoss(loss, mask, w, log_w, adv, branches, log_rho, rho, kl_adv)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # verl wiring: registered functions with verl 0.9.1's PolicyLossFn signature
 # ---------------------------------------------------------------------------------------------------------------
-def metric_tensors(out: TokenLoss, div: Divergence, beta: float) -> dict[str, Tensor]:
-    """Dashboard metrics as 0-d float64 tensors on the loss's device, over the valid tokens only (masked sums, no
-    host synchronisation; `_n` is the number of valid tokens).
+def metric_statistics(out: TokenLoss, div: Divergence, beta: float) -> Tensor:
+    """The sufficient statistics of the dashboard metrics (`_metrics`), over the valid tokens only, as ONE float64
+    vector on the loss's device (no host synchronisation), in the order of `STATISTICS`: the numbers of valid tokens
+    counted from the left of BRANCHES (their differences are the five branch counts), the sums of w, log w, the KL
+    estimate, |C/w| and |A|, and the largest and smallest w."""
+    with torch.no_grad():
+        mask, br, w = out.mask, out.branches, out.w
+        low = br.positive | br.low
+        left = torch.stack([br.positive & br.grad, br.positive, low, low | br.grad, mask]).logical_and_(mask)
+        counts = left.view(torch.uint8).flatten(1).sum(1, dtype=torch.int32)
+        valid = _as_float(mask, w.dtype)
+        w_valid = w * valid  # w > 0 on valid tokens: the 0 of padding is never the maximum
+        kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_w, out.log_rho, beta, w=w)
+        # padding holds log w = 0, A = 0 and a zero KL estimate (w = ρ = 1): their sums need no mask
+        sums = torch.stack([
+            w_valid.sum(), out.log_w.sum(), div.estimate(out.log_w, w, out.log_rho, out.rho).sum(),
+            (kl_adv.mul_(valid) if out.kl_adv is None else kl_adv * valid).abs_().sum(), out.adv.abs().sum(),
+            w_valid.amax(), torch.add(w_valid, 1.0 - valid, alpha=torch.finfo(w.dtype).max).amin(),
+        ])  # fmt: skip
+        return torch.cat([counts.double(), sums.double()])
+
+
+STATISTICS = ("n_pos_grad", "n_pos", "n_pos_or_low", "n_not_flat_c", "n", "sum_w", "sum_log_w", "sum_kl",
+              "sum_abs_kl_adv", "sum_abs_adv", "max_w", "min_w")  # fmt: skip
+
+
+def _as_float(flags: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool tensor as 0/1 of `dtype` (through uint8: the direct bool conversion is several times slower on CPU)."""
+    return flags.view(torch.uint8).to(dtype)
+
+
+def _metrics(out: TokenLoss, div: Divergence, beta: float) -> dict[str, float]:
+    """Dashboard metrics over the valid tokens, with ONE device→host transfer (of `metric_statistics`; verl's
+    `Metric` would call `.item()` on each tensor); {} for a micro-batch without valid tokens.
 
     actor/rpg/kl            mean per-token estimate of D(π_θ, π_ref) (k3-type, ≥ 0; `Divergence.estimate`)
     actor/rpg/frac_<branch> fraction of tokens in each dual-clip branch (BRANCHES)
@@ -262,39 +320,25 @@ def metric_tensors(out: TokenLoss, div: Divergence, beta: float) -> dict[str, Te
     actor/rpg/ratio_{mean,max,min}
     and verl's standard actor/ppo_kl, actor/pg_clipfrac (flat branches at 1±ε), actor/pg_clipfrac_lower (at c).
     """
-    with torch.no_grad():
-        mask = out.mask
-        n = mask.sum(dtype=torch.float64)
-        denominator = n.clamp_min(1.0)
-
-        def mean(x: Tensor) -> Tensor:
-            return torch.where(mask, x, 0.0).sum(dtype=torch.float64) / denominator
-
-        kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_w, out.log_rho, beta)
-        stats = {f"actor/rpg/frac_{name}": mean(out.branch == code) for code, name in enumerate(BRANCHES)}
-        kl_abs = mean(kl_adv.abs())
-        stats.update({
-            "actor/rpg/kl": mean(div.estimate(out.log_w, out.w, out.log_rho, out.rho)),
-            "actor/rpg/kl_adv_abs": kl_abs,
-            "actor/rpg/kl_adv_rel": kl_abs / mean(out.adv.abs()).clamp_min(1e-12),
-            "actor/rpg/ratio_mean": mean(out.w),
-            "actor/rpg/ratio_max": torch.where(mask, out.w, -math.inf).amax().double(),
-            "actor/rpg/ratio_min": torch.where(mask, out.w, math.inf).amin().double(),
-            "actor/ppo_kl": -mean(out.log_w),
-            "actor/pg_clipfrac": stats["actor/rpg/frac_pos_flat_high"] + stats["actor/rpg/frac_neg_flat_low"],
-            "actor/pg_clipfrac_lower": stats["actor/rpg/frac_neg_flat_c"],
-            "_n": n,
-        })  # fmt: skip
-    return stats
-
-
-def _metrics(out: TokenLoss, div: Divergence, beta: float) -> dict[str, float]:
-    """`metric_tensors` as Python floats, with ONE device→host transfer (verl's `Metric` would call `.item()` on
-    each tensor); {} for a micro-batch without valid tokens."""
-    stats = metric_tensors(out, div, beta)
-    values = torch.stack(list(stats.values())).tolist()
-    metrics = dict(zip(stats, values))
-    return {} if metrics.pop("_n") == 0 else metrics
+    s = dict(zip(STATISTICS, metric_statistics(out, div, beta).tolist()))
+    n = s["n"]
+    if n == 0:
+        return {}
+    left = [0.0, s["n_pos_grad"], s["n_pos"], s["n_pos_or_low"], s["n_not_flat_c"], n]
+    metrics = {f"actor/rpg/frac_{name}": (left[i + 1] - left[i]) / n for i, name in enumerate(BRANCHES)}
+    kl_abs = s["sum_abs_kl_adv"] / n
+    metrics.update({
+        "actor/rpg/kl": s["sum_kl"] / n,
+        "actor/rpg/kl_adv_abs": kl_abs,
+        "actor/rpg/kl_adv_rel": kl_abs / max(s["sum_abs_adv"] / n, 1e-12),
+        "actor/rpg/ratio_mean": s["sum_w"] / n,
+        "actor/rpg/ratio_max": s["max_w"],
+        "actor/rpg/ratio_min": s["min_w"],
+        "actor/ppo_kl": -s["sum_log_w"] / n,
+        "actor/pg_clipfrac": metrics["actor/rpg/frac_pos_flat_high"] + metrics["actor/rpg/frac_neg_flat_low"],
+        "actor/pg_clipfrac_lower": metrics["actor/rpg/frac_neg_flat_c"],
+    })  # fmt: skip
+    return metrics
 
 
 def _ref_log_prob(settings: RPGPolicyLossConfig, loss_name: str) -> Optional[Tensor]:
