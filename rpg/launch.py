@@ -42,6 +42,7 @@ from rpg.preflight.compose import (  # noqa: F401  (public names of rpg.launch)
     compose_config,
     normalise_overrides,
 )
+from rpg.preflight.gpu import check_gpu_launch
 from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401
 from rpg.preflight.recipe_rules import (  # noqa: F401
     OVERLONG_BUFFER_KEYS,
@@ -98,6 +99,8 @@ def run(config: DictConfig) -> None:
     dry_run = dry_run_requested()
     validated = validate(config, real_launch=not dry_run)
     print(chat_template_summary(config), file=sys.stderr)
+    # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
+    check_gpu_launch(config, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))
     if dry_run:
         for problem in validated.path_problems:
             print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)

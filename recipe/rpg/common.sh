@@ -63,7 +63,8 @@ fi
 
 # ---------------------------------------------------------------------------------------------------------------
 # What an experiment script may set (CTX LR ADV_ESTIMATOR LOSS_MODE KL_COEF REFERENCE CLIP_LOW CLIP_HIGH USE_KL_LOSS
-# KL_LOSS_TYPE KL_LOSS_COEF DYNAMIC_SAMPLING OVERLONG VAL_SETS PROMPT_LEN RESPONSE_LEN TOKEN_LEN_FACTOR ENABLE_THINKING):
+# KL_LOSS_TYPE KL_LOSS_COEF DYNAMIC_SAMPLING OVERLONG VAL_SETS PROMPT_LEN RESPONSE_LEN TOKEN_LEN_FACTOR ENABLE_THINKING
+# GPU_MEMORY_UTILIZATION):
 # one list, with defaults (the paper's RPG setup), Hydra keys and meanings, in rpg/preflight/recipe_argv.py (KNOBS;
 # the table in recipe/rpg/README.md). Reset here to their defaults; presets below set several at once.
 # ---------------------------------------------------------------------------------------------------------------
@@ -94,7 +95,8 @@ setup_qwen3_4b() {
 }
 
 # setup_authors_7b math|instruct: the authors' published scripts (docs/differences.md#authors-scripts): Qwen2.5-Math-7B
-# or Qwen2.5-7B-Instruct (Table 8), 2K context, validation on AMC23, AIME24, AIME25.
+# or Qwen2.5-7B-Instruct (Table 8), 2K context, validation on AMC23, AIME24, AIME25. vLLM takes 0.8 of each GPU, not
+# the authors' 0.85, so that the rollout fits 80 GB GPUs next to the actor (memory only: docs/differences.md#d28).
 setup_authors_7b() {
   case "${1:-}" in
     math) MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-Math-7B} ;;
@@ -103,6 +105,7 @@ setup_authors_7b() {
   esac
   CTX=2
   VAL_SETS="amc-2023 aime-2024 aime-2025"
+  GPU_MEMORY_UTILIZATION=0.8
 }
 
 # ---------------------------------------------------------------------------------------------------------------

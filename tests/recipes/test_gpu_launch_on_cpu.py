@@ -1,4 +1,5 @@
-"""The GPU side of the launcher, checked without a GPU: FSDP2 for every recipe (and FSDP1 refused where untested).
+"""The GPU side of the launcher, checked without a GPU: FSDP2 for every recipe (and FSDP1 refused where untested);
+the per-GPU memory plan of every recipe within 80 GiB, printed once and refused over budget.
 
 The recipe scripts are composed and validated once per session (`recipe_helpers.validated`, shared with
 test_dry_run_on_cpu.py); rules are checked on copies of one composed config.
@@ -7,12 +8,14 @@ test_dry_run_on_cpu.py); rules are checked on copies of one composed config.
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 from omegaconf import OmegaConf, open_dict
-from recipe_helpers import RECIPE, SCRIPTS_4B, SCRIPTS_7B, validated
+from recipe_helpers import RECIPE, SCRIPTS_4B, SCRIPTS_7B, run_script, validated
 
 from rpg.launch import RecipeConfigError, validate_recipe
+from rpg.preflight.gpu import check_gpu_launch, check_memory_plan
 
 GPU_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B
 
@@ -66,3 +69,74 @@ def test_fsdp1_is_refused_for_the_periodic_reference_and_schedule_free(rpg_4b, f
 
 def test_fsdp1_stays_allowed_for_the_other_recipes(rpg_4b):
     validate_recipe(with_(rpg_4b, **{ARR + "actor__strategy": "fsdp"}))
+
+
+# ---- 2. The memory plan ----------------------------------------------------------------------------------------------
+PLAN_LINE = "[rpg] GPU memory plan (per GPU, "
+UTIL = "actor_rollout_ref__rollout__gpu_memory_utilization"
+
+
+@pytest.fixture(scope="module")
+def dapo_7b():
+    return validated(RECIPE / "7b" / "run_dapo_7b.sh").config
+
+
+@pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_gpu_recipe_plans_within_80_gib(script, capsys):
+    cfg = validated(script).config
+    capsys.readouterr()
+    expected = 0.8 if script.parent.name == "7b" else 0.85  # docs/differences.md#d28
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == expected
+    plan = check_memory_plan(cfg, budget_gib=80)
+    assert plan is not None and plan.problems() == []
+    assert max(plan.rollout_gib, plan.update_gib) <= 80 - plan.headroom_gib
+    assert capsys.readouterr().err == plan.line() + "\n"
+
+
+def test_an_over_budget_7b_run_is_refused_naming_the_setting(dapo_7b, capsys):
+    cfg = with_(dapo_7b, **{UTIL: 0.95})
+    with pytest.raises(RecipeConfigError, match="GPU memory plan over budget") as e:
+        check_memory_plan(cfg, budget_gib=80)
+    message = str(e.value)
+    assert "rollout phase needs about" in message
+    assert "lower actor_rollout_ref.rollout.gpu_memory_utilization from 0.95 to 0.80 or below" in message
+    assert "optimizer_offload=True" in message  # the other ways to fit
+    assert capsys.readouterr().err.count(PLAN_LINE) == 1  # the line comes first, once
+
+
+def test_the_budget_comes_from_gpu_memory_gib(dapo_7b, monkeypatch, capsys):
+    monkeypatch.setenv("GPU_MEMORY_GIB", "141")
+    check_memory_plan(dapo_7b)
+    assert "budget 141.0 GiB" in capsys.readouterr().err
+    monkeypatch.setenv("GPU_MEMORY_GIB", "lots")
+    with pytest.raises(RecipeConfigError, match="GPU_MEMORY_GIB='lots' is not a positive number"):
+        check_memory_plan(dapo_7b)
+
+
+def test_an_unknown_model_gets_one_line_saying_why_no_plan(dapo_7b, tmp_path, capsys):
+    cfg = with_(dapo_7b, actor_rollout_ref__model__path=str(tmp_path / "no-model"))
+    assert check_memory_plan(cfg, budget_gib=80) is None
+    err = capsys.readouterr().err
+    assert err.startswith("[rpg] GPU memory plan: not computed: ") and err.count("\n") == 1
+    assert "actor_rollout_ref.model.path=" in err
+
+
+def test_cpu_runs_get_no_plan_line(capsys):
+    cfg = validated(RECIPE / "cpu" / "run_rpg_ufkl.sh").config
+    capsys.readouterr()
+    check_gpu_launch(cfg, dry_run=True, local=True)
+    assert capsys.readouterr().err == ""
+
+
+def test_real_dry_run_prints_the_plan_once_and_refuses_over_budget(tmp_path):
+    """`RPG_DRY_RUN=1 bash <7b script>`: the shipped settings plan within 80 GiB; at 0.95 the dry run fails."""
+    script = RECIPE / "7b" / "run_dapo_7b.sh"
+    env = {"RPG_DRY_RUN": "1", "PYTHON": sys.executable, "GPU_MEMORY_GIB": "80"}
+    ok = run_script(script, **env)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stderr.count(PLAN_LINE) == 1
+    assert "[rpg] GPU memory plan (per GPU, Qwen/Qwen2.5-Math-7B, budget 80.0 GiB): rollout 76.3 GiB" in ok.stderr
+    over = run_script(script, "actor_rollout_ref.rollout.gpu_memory_utilization=0.95", **env)
+    assert over.returncode != 0 and over.stdout == ""
+    assert over.stderr.count(PLAN_LINE) == 1
+    assert "gpu_memory_utilization from 0.95 to 0.80 or below" in over.stderr
