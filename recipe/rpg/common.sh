@@ -20,6 +20,9 @@
 #   RPG_JOB_ENV   with RAY_ADDRESS: names of more environment variables to pass to the job, space-separated
 #                 (e.g. RPG_JOB_ENV="HF_HOME WANDB_API_KEY"); RPG_RAY_FOLLOW=0 returns right after the submission
 #   RPG_DRY_RUN=1 compose + validate the full config, print it as YAML and exit (no Ray, a few seconds)
+#   SMOKE=1       smoke run: the recipe for 2 steps on the smallest full batch, then per-phase seconds, peak memory and
+#                 the projected wall time (docs/gpu.md#smoke); RPG_SMOKE_DIR: its metrics folder (outputs/smoke)
+#   GPU_MEMORY_GIB  the per-GPU budget of the memory plan every GPU run prints (default: the GPU's, else 80)
 #   RPG_PROFILE   gpu (default: the paper's setup) | cpu (sources recipe/rpg/cpu/profile.sh: tiny CPU run)
 #   OPTIM         adamw (default) | schedulefree (sources recipe/rpg/optim/schedulefree.sh)
 #   THINKING      false (default) | true: Qwen3's thinking mode, Qwen3-4B scripts only (setup_qwen3_4b)

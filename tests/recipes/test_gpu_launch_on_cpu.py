@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from omegaconf import OmegaConf, open_dict
-from recipe_helpers import RECIPE, SCRIPTS_4B, SCRIPTS_7B, run_script, validated
+from recipe_helpers import RECIPE, SCRIPTS_4B, SCRIPTS_7B, overrides, run_script, validated
 
 from rpg.launch import RecipeConfigError, validate_recipe
 from rpg.preflight.gpu import check_gpu_launch, check_memory_plan
@@ -140,3 +140,52 @@ def test_real_dry_run_prints_the_plan_once_and_refuses_over_budget(tmp_path):
     assert over.returncode != 0 and over.stdout == ""
     assert over.stderr.count(PLAN_LINE) == 1
     assert "gpu_memory_utilization from 0.95 to 0.80 or below" in over.stderr
+
+
+# ---- 3. SMOKE=1 ------------------------------------------------------------------------------------------------------
+def test_smoke_dry_run_of_a_7b_recipe_prints_the_smoke_config_and_the_plan(monkeypatch, capsys, tmp_path):
+    """`SMOKE=1 RPG_DRY_RUN=1`, in-process through `rpg.launch.main` (Hydra's entry, as the shell runs it)."""
+    import yaml
+
+    from rpg import launch, smoke
+
+    script = RECIPE / "7b" / "run_rpg_7b_urkl1e-4.sh"
+    monkeypatch.setattr(sys, "argv", ["rpg.launch"])
+    monkeypatch.chdir(tmp_path)
+    for name, value in {"RPG_DRY_RUN": "1", "SMOKE": "1", "GPU_MEMORY_GIB": "80", "RPG_SMOKE_DIR": "smoke-logs"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    launch.main(overrides(script))
+    out, err = capsys.readouterr()
+    cfg = yaml.safe_load(out)
+    full = validated(script).config
+    batch = smoke.smoke_batch_size(full)
+    assert batch < full.data.train_batch_size == 512
+    assert cfg["trainer"]["total_training_steps"] == smoke.SMOKE_STEPS == 2
+    assert cfg["data"]["train_batch_size"] == cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == batch
+    assert cfg["trainer"]["save_freq"] == -1 and cfg["trainer"]["logger"] == ["console", "file"]
+    log = tmp_path / "smoke-logs" / "run_rpg_7b_urkl1e-4.jsonl"
+    assert cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["VERL_FILE_LOGGER_PATH"] == str(log)
+    assert cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] == 0.8  # the recipe's settings stay
+    assert err.count(PLAN_LINE) == 1 and "budget 80.0 GiB" in err
+    assert f"[rpg] smoke run (SMOKE=1): 2 steps of {batch} prompts, metrics to {log}" in err
+    assert list(tmp_path.iterdir()) == []  # a dry run makes no folder
+
+
+def test_a_bad_smoke_value_is_refused(monkeypatch):
+    from rpg.launch import smoke_setup
+
+    monkeypatch.setenv("SMOKE", "maybe")
+    with pytest.raises(RecipeConfigError, match="SMOKE='maybe' is not valid; use 1"):
+        smoke_setup([], dry_run=True)
+
+
+def test_smoke_settings_are_passed_on_to_the_launch_and_to_ray_jobs():
+    import json
+
+    proc = run_script(RECIPE / "7b" / "run_dapo_7b.sh", RPG_PRINT_ARGV="1", SMOKE="1", RPG_SMOKE_DIR="/tmp/smoke",
+                      GPU_MEMORY_GIB="141", RPG_SHARED_CKPT="1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    env = json.loads(proc.stdout)["env"]  # the environment a local run gets and a Ray job receives
+    assert {k: env.get(k) for k in ("SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB", "RPG_SHARED_CKPT")} == {
+        "SMOKE": "1", "RPG_SMOKE_DIR": "/tmp/smoke", "GPU_MEMORY_GIB": "141", "RPG_SHARED_CKPT": "1"}
