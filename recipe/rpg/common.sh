@@ -12,7 +12,8 @@
 # cluster at RAY_ADDRESS (Ray's job-submission SDK). This file holds the knobs and the presets; Python the logic.
 #
 # Environment knobs (all optional):
-#   MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME PYTHON
+#   MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME
+#   PYTHON        the interpreter (GPU: python3 from your environment; CPU profile: the repository's .venv if present)
 #   Paths are taken literally (spaces and any other character included). TRAIN_FILE and TEST_FILE hold one path, or
 #   several one per line (TEST_FILE="$(ls /data/val/*.parquet)"), or a Hydra list as verl's own scripts write it
 #   (TEST_FILE="['/data/a b.parquet','/data/c.parquet']"); a value starting with `[` is read as such a list.
@@ -59,8 +60,11 @@ esac
 : "${PROJECT_NAME:=rpg-verl}"
 : "${DATA_DIR:=$RPG_REPO_DIR/data}"
 : "${TRAIN_FILE:=$DATA_DIR/dapo-math-17k-eng.parquet}"
+# PYTHON: GPU runs use `python3` from the user's environment (the one with requirements-gpu.txt): the repository's .venv
+# is the CPU environment (no vLLM, no flash-attn), used by default by local CPU-profile runs only.
 if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -z "${RAY_ADDRESS:-}" && -x "$RPG_REPO_DIR/.venv/bin/python" ]]; then PYTHON="$RPG_REPO_DIR/.venv/bin/python"
+  if [[ "$RPG_PROFILE" == cpu && -z "${RAY_ADDRESS:-}" && -x "$RPG_REPO_DIR/.venv/bin/python" ]]; then
+    PYTHON="$RPG_REPO_DIR/.venv/bin/python"
   else PYTHON=python3; fi
 fi
 

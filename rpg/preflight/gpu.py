@@ -64,10 +64,12 @@ def _device_count() -> int:
 
 def runtime_problems(
     config: DictConfig,
-    find_spec: Callable[[str], object] = importlib.util.find_spec,
-    device_count: Callable[[], int] = _device_count,
+    find_spec: Optional[Callable[[str], object]] = None,
+    device_count: Optional[Callable[[], int]] = None,
 ) -> list[str]:
-    """What this node lacks to run `config` locally: engines that cannot be imported, fewer GPUs than asked for."""
+    """What this node lacks to run `config` locally: engines that cannot be imported, fewer GPUs than asked for.
+    `find_spec` (default importlib.util.find_spec) and `device_count` (default torch.cuda.device_count): for tests."""
+    find_spec, device_count = find_spec or importlib.util.find_spec, device_count or _device_count
     problems, python = [], sys.executable
     arr = config.actor_rollout_ref
     if str(arr.rollout.name) == "vllm" and find_spec("vllm") is None:

@@ -189,3 +189,82 @@ def test_smoke_settings_are_passed_on_to_the_launch_and_to_ray_jobs():
     env = json.loads(proc.stdout)["env"]  # the environment a local run gets and a Ray job receives
     assert {k: env.get(k) for k in ("SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB", "RPG_SHARED_CKPT")} == {
         "SMOKE": "1", "RPG_SMOKE_DIR": "/tmp/smoke", "GPU_MEMORY_GIB": "141", "RPG_SHARED_CKPT": "1"}
+
+
+# ---- 4. Interpreter and engines --------------------------------------------------------------------------------------
+@pytest.fixture
+def repo_with_a_venv(tmp_path):
+    """A copy of the launcher (common.sh, the CPU profile, one 7b and one cpu script, recipe_argv.py) in a checkout
+    whose .venv/bin/python exists: it runs this test's interpreter and leaves a mark when run."""
+    import shutil
+    import stat
+
+    from recipe_helpers import REPO
+
+    for rel in ("recipe/rpg/common.sh", "recipe/rpg/cpu/profile.sh", "recipe/rpg/7b/run_dapo_7b.sh",
+                "recipe/rpg/cpu/run_dapo.sh", "rpg/preflight/recipe_argv.py"):  # fmt: skip
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tmp_path / rel)
+    venv_python = tmp_path / ".venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text(f'#!/bin/sh\ntouch "{tmp_path}/venv-used"\nexec "{sys.executable}" "$@"\n')
+    venv_python.chmod(venv_python.stat().st_mode | stat.S_IEXEC)
+    return tmp_path
+
+
+def test_gpu_recipes_never_run_the_repositorys_venv(repo_with_a_venv):
+    import json
+
+    gpu = run_script(repo_with_a_venv / "recipe/rpg/7b/run_dapo_7b.sh", RPG_PRINT_ARGV="1")
+    assert gpu.returncode == 0, gpu.stderr
+    assert json.loads(gpu.stdout)["argv"][0] == "python3"
+    assert not (repo_with_a_venv / "venv-used").exists()
+    chosen = run_script(repo_with_a_venv / "recipe/rpg/7b/run_dapo_7b.sh", RPG_PRINT_ARGV="1", PYTHON=sys.executable)
+    assert json.loads(chosen.stdout)["argv"][0] == sys.executable  # PYTHON wins
+    cpu = run_script(repo_with_a_venv / "recipe/rpg/cpu/run_dapo.sh", RPG_PRINT_ARGV="1")
+    assert cpu.returncode == 0, cpu.stderr
+    assert json.loads(cpu.stdout)["argv"][0] == str(repo_with_a_venv / ".venv" / "bin" / "python")  # CPU keeps it
+
+
+def _spec(missing: set):
+    return lambda name: None if name in missing else object()
+
+
+@pytest.mark.parametrize("missing, gpus, needles", [
+    (set(), 8, []),
+    ({"vllm"}, 8, ["actor_rollout_ref.rollout.name=vllm, but vllm cannot be imported",
+                   "pip install -r requirements-gpu.txt"]),
+    ({"flash_attn"}, 8, ["attn_implementation=flash_attention_2 (verl's default) needs flash-attn",
+                         "MAX_JOBS=8 pip install --no-build-isolation flash-attn==2.8.3"]),
+    (set(), 4, ["trainer.n_gpus_per_node=8 (recipe knob N_GPUS), but torch sees 4 GPU(s)", "Fix: N_GPUS=4"]),
+    (set(), 0, ["torch sees no GPU on this node", "run on a GPU node"]),
+])  # fmt: skip
+def test_what_a_local_launch_needs(dapo_7b, missing, gpus, needles):
+    from rpg.preflight.gpu import runtime_problems
+
+    problems = runtime_problems(dapo_7b, find_spec=_spec(missing), device_count=lambda: gpus)
+    assert len(problems) == len(needles) // 2
+    for needle in needles:
+        assert needle in "\n".join(problems)
+
+
+def test_flash_attn_is_not_needed_with_another_attention(dapo_7b):
+    from rpg.preflight.gpu import runtime_problems
+
+    sdpa = with_(dapo_7b, actor_rollout_ref__model__override_config__attn_implementation="sdpa")
+    assert runtime_problems(sdpa, find_spec=_spec({"flash_attn"}), device_count=lambda: 8) == []
+
+
+def test_a_local_launch_refuses_what_a_dry_run_warns_about(dapo_7b, monkeypatch, capsys):
+    from rpg.preflight import gpu
+
+    monkeypatch.setattr(gpu.importlib.util, "find_spec", _spec({"vllm", "flash_attn"}))
+    monkeypatch.setattr(gpu, "_device_count", lambda: 2)
+    monkeypatch.setenv("GPU_MEMORY_GIB", "80")
+    gpu.check_gpu_launch(dapo_7b, dry_run=True, local=True)
+    err = capsys.readouterr().err
+    assert err.count(PLAN_LINE) == 1 and err.count("[rpg] dry run: a local launch would refuse: ") == 3
+    with pytest.raises(RecipeConfigError, match="this node cannot run the config") as e:
+        gpu.check_gpu_launch(dapo_7b, dry_run=False, local=True)
+    assert "vllm" in str(e.value) and "flash-attn" in str(e.value) and "N_GPUS=2" in str(e.value)
+    gpu.check_gpu_launch(dapo_7b, dry_run=False, local=False)  # a Ray job: the cluster's nodes are not this one
