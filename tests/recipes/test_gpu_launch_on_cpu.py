@@ -268,3 +268,24 @@ def test_a_local_launch_refuses_what_a_dry_run_warns_about(dapo_7b, monkeypatch,
         gpu.check_gpu_launch(dapo_7b, dry_run=False, local=True)
     assert "vllm" in str(e.value) and "flash-attn" in str(e.value) and "N_GPUS=2" in str(e.value)
     gpu.check_gpu_launch(dapo_7b, dry_run=False, local=False)  # a Ray job: the cluster's nodes are not this one
+
+
+# ---- 5. Several nodes without a shared filesystem --------------------------------------------------------------------
+def test_periodic_reference_on_several_nodes_needs_a_shared_checkpoint_dir(rpg_4b, monkeypatch):
+    from rpg.launch import validate_rpg
+
+    monkeypatch.delenv("RPG_SHARED_CKPT", raising=False)
+    periodic = with_(rpg_4b, **PERIODIC, actor_rollout_ref__actor__policy_loss__ref_refresh_steps=64)
+    validate_rpg(periodic)  # one node: nothing to share
+    two_nodes = with_(periodic, trainer__nnodes=2)
+    with pytest.raises(RecipeConfigError, match=r"reference=periodic with trainer\.nnodes=2") as e:
+        validate_rpg(two_nodes)
+    message = str(e.value)
+    assert "written by rank 0 and read by every rank" in message and "each node's local disk" in message
+    assert "RPG_SHARED_CKPT=1" in message and "NNODES=1" in message  # the fixes
+    monkeypatch.setenv("RPG_SHARED_CKPT", "1")
+    validate_rpg(two_nodes)
+    validate_rpg(with_(rpg_4b, trainer__nnodes=2))  # other reference modes keep no state of their own
+    monkeypatch.setenv("RPG_SHARED_CKPT", "yes")
+    with pytest.raises(RecipeConfigError, match="RPG_SHARED_CKPT='yes' is not valid; choose one of: 0 1"):
+        validate_rpg(two_nodes)
