@@ -184,8 +184,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--list"]:
         return list_losses(args[1:])
-    dry_run = dry_run_requested()
-    smoke_overrides, smoke_run = smoke_setup(args, dry_run)
+    try:
+        dry_run = dry_run_requested()
+        smoke_overrides, smoke_run = smoke_setup(args, dry_run)
+    except RecipeConfigError as e:
+        raise SystemExit(f"[rpg] error: {e}") from None
     args += smoke_overrides  # after the recipe's: they win
     if dry_run:  # no run directory, no log file: a dry run leaves nothing behind
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled"]
