@@ -13,8 +13,14 @@ any Ray process starts, it
    length against the model, run names, and a scorer for every data source and ground truth of the local data);
 4. checks that every local path exists (`check_paths`: model, data files, resume path): a dry run reports a missing
    one on stderr, a real launch refuses it;
-5. then either prints the resolved config as YAML and exits (`RPG_DRY_RUN=1`, no Ray, a few seconds) or hands the
+5. for a GPU run (`rpg.preflight.gpu`), prints the per-GPU memory plan in one line and refuses a plan over budget,
+   and checks that this node has what a local launch needs (vLLM, flash-attn, the GPUs; a dry run only warns);
+6. then either prints the resolved config as YAML and exits (`RPG_DRY_RUN=1`, no Ray, a few seconds) or hands the
    config unchanged to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one if `trainer.use_v1=False`).
+
+`SMOKE=1` (`rpg.smoke`) appends the smoke overrides to the recipe's (2 steps, the smallest batch that fills every
+rank; verl's file log in `RPG_SMOKE_DIR`, default outputs/smoke), samples the GPUs' memory during the run and prints
+the smoke report after it; with `RPG_DRY_RUN=1` it prints the smoke config.
 
 `+key=value` overrides are treated as `++key=value` (add or override), so a key added by `common.sh` or the yaml (e.g.
 `+actor_rollout_ref.actor.policy_loss.kl_coef`) can be set again by a script or on the command line; the RPG settings
@@ -22,14 +28,17 @@ of `policy_loss` (kl_coef, reference, ...) may be given with or without the `+`.
 
 The checks live in `rpg.preflight`, one module per concept: `compose` (Hydra composition), `verl_configs` (verl's
 dataclasses and `validate_config`), `rpg_rules` (the loss rules), `recipe_rules` (recipe-level rules), `inputs`
-(paths, context length, data coverage); `recipe_argv` turns the recipe knobs into this module's command line and
-`ray_submit` submits it to a Ray cluster. This module reads top to bottom: compose → checks → dry run or launch.
+(paths, context length, data coverage), `gpu` (memory plan, engines, GPUs), `memory` (the plan's estimator);
+`recipe_argv` turns the recipe knobs into this module's command line and `ray_submit` submits it to a Ray cluster. This module reads top to bottom: compose → checks → dry run or launch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -42,6 +51,7 @@ from rpg.preflight.compose import (  # noqa: F401  (public names of rpg.launch)
     compose_config,
     normalise_overrides,
 )
+from rpg.preflight.gpu import check_gpu_launch
 from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401
 from rpg.preflight.recipe_rules import (  # noqa: F401
     OVERLONG_BUFFER_KEYS,
@@ -54,6 +64,7 @@ from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_re
 from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # noqa: F401
 
 DRY_RUN_ENV = "RPG_DRY_RUN"
+SMOKE_DIR_ENV = "RPG_SMOKE_DIR"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
@@ -90,28 +101,71 @@ def dry_run_requested(environ=os.environ) -> bool:
     return value in _TRUE
 
 
-def run(config: DictConfig) -> None:
-    """Validate, then dry-run (print YAML) or train with verl's `run_ppo`, as `verl.trainer.main_ppo.main` does."""
+@dataclasses.dataclass
+class SmokeRun:
+    """A smoke run (`SMOKE=1`, `rpg.smoke`): the recipe's config without the smoke overrides, and verl's file log."""
+
+    full: DictConfig
+    log: Path
+
+
+def smoke_setup(args: Sequence[str], dry_run: bool) -> tuple[list[str], Optional[SmokeRun]]:
+    """With SMOKE=1: the smoke overrides to append to `args` (`rpg.smoke.prepare` of the composed recipe; log folder
+    RPG_SMOKE_DIR, default outputs/smoke) and the `SmokeRun`; else ([], None). A dry run makes no folder."""
+    from rpg import smoke
+
+    try:
+        if not smoke.smoke_requested():
+            return [], None
+    except ValueError as e:
+        raise RecipeConfigError(str(e)) from None
+    full = compose_config(args)
+    log_dir = os.environ.get(SMOKE_DIR_ENV) or "outputs/smoke"
+    if dry_run:  # leaves nothing behind: no folder made, no previous log removed
+        log = Path(log_dir).resolve() / f"{full.trainer.experiment_name}.jsonl"
+        return smoke.smoke_overrides(full, log), SmokeRun(full, log)
+    overrides, log = smoke.prepare(full, log_dir)
+    return overrides, SmokeRun(full, log)
+
+
+def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
+    """Validate, then dry-run (print YAML) or train with verl's `run_ppo`, as `verl.trainer.main_ppo.main` does; a
+    smoke run then prints its report (`rpg.smoke.summarize`)."""
     from verl.utils.device import auto_set_device
 
     auto_set_device(config)
     dry_run = dry_run_requested()
     validated = validate(config, real_launch=not dry_run)
     print(chat_template_summary(config), file=sys.stderr)
+    # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
+    check_gpu_launch(config, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))
+    if smoke_run is not None:
+        print(f"[rpg] smoke run (SMOKE=1): {config.trainer.total_training_steps} steps of "
+              f"{config.data.train_batch_size} prompts, metrics to {smoke_run.log}", file=sys.stderr)  # fmt: skip
     if dry_run:
         for problem in validated.path_problems:
             print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
         sys.stdout.write(OmegaConf.to_yaml(config, resolve=True))
         sys.stdout.flush()
         return
+    from rpg import smoke
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
-    if config.trainer.use_v1:
-        run_ppo(config, task_runner_class=TaskRunnerV1)
-    else:
-        from verl.trainer.main_ppo_v0 import TaskRunner
+    sampler = smoke.GpuMemorySampler().start() if smoke_run is not None else None
+    start = time.monotonic()
+    try:
+        if config.trainer.use_v1:
+            run_ppo(config, task_runner_class=TaskRunnerV1)
+        else:
+            from verl.trainer.main_ppo_v0 import TaskRunner
 
-        run_ppo(config, task_runner_class=TaskRunner)
+            run_ppo(config, task_runner_class=TaskRunner)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    if smoke_run is not None:
+        sys.stdout.write(smoke.summarize(smoke_run.log, smoke_run.full, sampler, time.monotonic() - start))
+        sys.stdout.flush()
 
 
 def list_losses(args: Sequence[str]) -> None:
@@ -130,11 +184,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--list"]:
         return list_losses(args[1:])
-    if dry_run_requested():  # no run directory, no log file: a dry run leaves nothing behind
+    try:
+        dry_run = dry_run_requested()
+        smoke_overrides, smoke_run = smoke_setup(args, dry_run)
+    except RecipeConfigError as e:
+        raise SystemExit(f"[rpg] error: {e}") from None
+    args += smoke_overrides  # after the recipe's: they win
+    if dry_run:  # no run directory, no log file: a dry run leaves nothing behind
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled"]
     sys.argv = [sys.argv[0], *normalise_overrides(args)]
-    entry = hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base=None)(run)
-    entry()
+
+    def task(config: DictConfig) -> None:
+        run(config, smoke_run)
+
+    hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base=None)(task)()
 
 
 if __name__ == "__main__":

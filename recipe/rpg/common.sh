@@ -12,7 +12,8 @@
 # cluster at RAY_ADDRESS (Ray's job-submission SDK). This file holds the knobs and the presets; Python the logic.
 #
 # Environment knobs (all optional):
-#   MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME PYTHON
+#   MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME
+#   PYTHON        the interpreter (GPU: python3 from your environment; CPU profile: the repository's .venv if present)
 #   Paths are taken literally (spaces and any other character included). TRAIN_FILE and TEST_FILE hold one path, or
 #   several one per line (TEST_FILE="$(ls /data/val/*.parquet)"), or a Hydra list as verl's own scripts write it
 #   (TEST_FILE="['/data/a b.parquet','/data/c.parquet']"); a value starting with `[` is read as such a list.
@@ -20,6 +21,9 @@
 #   RPG_JOB_ENV   with RAY_ADDRESS: names of more environment variables to pass to the job, space-separated
 #                 (e.g. RPG_JOB_ENV="HF_HOME WANDB_API_KEY"); RPG_RAY_FOLLOW=0 returns right after the submission
 #   RPG_DRY_RUN=1 compose + validate the full config, print it as YAML and exit (no Ray, a few seconds)
+#   SMOKE=1       smoke run: the recipe for 2 steps on the smallest full batch, then per-phase seconds, peak memory and
+#                 the projected wall time (docs/gpu.md#smoke); RPG_SMOKE_DIR: its metrics folder (outputs/smoke)
+#   GPU_MEMORY_GIB  the per-GPU budget of the memory plan every GPU run prints (default: the GPU's, else 80)
 #   RPG_PROFILE   gpu (default: the paper's setup) | cpu (sources recipe/rpg/cpu/profile.sh: tiny CPU run)
 #   OPTIM         adamw (default) | schedulefree (sources recipe/rpg/optim/schedulefree.sh)
 #   THINKING      false (default) | true: Qwen3's thinking mode, Qwen3-4B scripts only (setup_qwen3_4b)
@@ -56,14 +60,18 @@ esac
 : "${PROJECT_NAME:=rpg-verl}"
 : "${DATA_DIR:=$RPG_REPO_DIR/data}"
 : "${TRAIN_FILE:=$DATA_DIR/dapo-math-17k-eng.parquet}"
+# PYTHON: GPU runs use `python3` from the user's environment (the one with requirements-gpu.txt): the repository's .venv
+# is the CPU environment (no vLLM, no flash-attn), used by default by local CPU-profile runs only.
 if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -z "${RAY_ADDRESS:-}" && -x "$RPG_REPO_DIR/.venv/bin/python" ]]; then PYTHON="$RPG_REPO_DIR/.venv/bin/python"
+  if [[ "$RPG_PROFILE" == cpu && -z "${RAY_ADDRESS:-}" && -x "$RPG_REPO_DIR/.venv/bin/python" ]]; then
+    PYTHON="$RPG_REPO_DIR/.venv/bin/python"
   else PYTHON=python3; fi
 fi
 
 # ---------------------------------------------------------------------------------------------------------------
 # What an experiment script may set (CTX LR ADV_ESTIMATOR LOSS_MODE KL_COEF REFERENCE CLIP_LOW CLIP_HIGH USE_KL_LOSS
-# KL_LOSS_TYPE KL_LOSS_COEF DYNAMIC_SAMPLING OVERLONG VAL_SETS PROMPT_LEN RESPONSE_LEN TOKEN_LEN_FACTOR ENABLE_THINKING):
+# KL_LOSS_TYPE KL_LOSS_COEF DYNAMIC_SAMPLING OVERLONG VAL_SETS PROMPT_LEN RESPONSE_LEN TOKEN_LEN_FACTOR ENABLE_THINKING
+# GPU_MEMORY_UTILIZATION):
 # one list, with defaults (the paper's RPG setup), Hydra keys and meanings, in rpg/preflight/recipe_argv.py (KNOBS;
 # the table in recipe/rpg/README.md). Reset here to their defaults; presets below set several at once.
 # ---------------------------------------------------------------------------------------------------------------
@@ -94,7 +102,8 @@ setup_qwen3_4b() {
 }
 
 # setup_authors_7b math|instruct: the authors' published scripts (docs/differences.md#authors-scripts): Qwen2.5-Math-7B
-# or Qwen2.5-7B-Instruct (Table 8), 2K context, validation on AMC23, AIME24, AIME25.
+# or Qwen2.5-7B-Instruct (Table 8), 2K context, validation on AMC23, AIME24, AIME25. vLLM takes 0.8 of each GPU, not
+# the authors' 0.85, so that the rollout fits 80 GB GPUs next to the actor (memory only: docs/differences.md#d28).
 setup_authors_7b() {
   case "${1:-}" in
     math) MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-Math-7B} ;;
@@ -103,6 +112,7 @@ setup_authors_7b() {
   esac
   CTX=2
   VAL_SETS="amc-2023 aime-2024 aime-2025"
+  GPU_MEMORY_UTILIZATION=0.8
 }
 
 # ---------------------------------------------------------------------------------------------------------------

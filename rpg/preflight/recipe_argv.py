@@ -27,7 +27,8 @@ from typing import Dict, List, NamedTuple, Optional
 
 PLUGIN_MODULE = "rpg.verl_plugin"
 #: Environment variables every launch passes on (printed by RPG_PRINT_ARGV, sent to a Ray job).
-FORWARDED_ENV = ("VERL_USE_EXTERNAL_MODULES", "RPG_DRY_RUN", "WANDB_MODE")
+FORWARDED_ENV = ("VERL_USE_EXTERNAL_MODULES", "RPG_DRY_RUN", "WANDB_MODE", "SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB",
+                 "RPG_SHARED_CKPT")
 
 
 class Knob(NamedTuple):
@@ -79,6 +80,9 @@ KNOBS = (
     Knob("OVERLONG", "True", "reward.reward_kwargs.overlong_buffer_cfg.enable",
          "DAPO overlong penalty, buffer = response length / 4", True),
     Knob("VAL_SETS", "aime-2024 aime-2025 amc-2023", "", "validation sets (files DATA_DIR/<name>.parquet)", True),
+    Knob("GPU_MEMORY_UTILIZATION", "", "actor_rollout_ref.rollout.gpu_memory_utilization",
+         "vLLM's pool as a fraction of each GPU's total memory; empty: the config's 0.85 (7B setups: 0.8, "
+         "docs/differences.md#d28)", True),
     Knob("ENABLE_THINKING", "", "+data.apply_chat_template_kwargs.enable_thinking",
          "Qwen3 chat template (setup_qwen3_4b sets it from THINKING); empty: not passed", True),
 )  # fmt: skip
@@ -184,6 +188,8 @@ def build_overrides(knobs: Dict[str, str], repo: str, script: str) -> List[str]:
         f"trainer.n_gpus_per_node={get('N_GPUS', '8')}",
         f"trainer.default_local_dir={hydra_str(get('CKPTS_DIR', f'{repo}/ckpts/{project}/{exp_name}'))}",
     ]
+    if get("GPU_MEMORY_UTILIZATION"):  # vLLM's memory pool (docs/gpu.md#memory-plan)
+        common.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={get('GPU_MEMORY_UTILIZATION')}")
     if get("ENABLE_THINKING"):  # chat template of training and validation prompts (dataset and agent loop read it)
         common.append(f"+data.apply_chat_template_kwargs.enable_thinking={get('ENABLE_THINKING')}")
     if loss_mode.startswith("rpg_") or loss_mode == "grpo_wk3":

@@ -110,6 +110,30 @@ def _rule_run_names(config: DictConfig) -> Optional[str]:
     )
 
 
+def _rule_fsdp2_for_tested_features(config: DictConfig) -> Optional[str]:
+    """The periodic reference (its weight copy between the actor and reference engines) and schedule-free AdamW (its
+    parameter swaps) are tested on FSDP2 only: refuse them with verl's FSDP1 (`strategy=fsdp`)."""
+    arr = config.actor_rollout_ref
+    features = []
+    if arr.actor.policy_loss.get("reference", None) == "periodic":
+        features.append("policy_loss.reference=periodic")
+    optim = arr.actor.get("optim", None) or {}
+    trainer_mode = (config.trainer.get("v1", None) or {}).get("trainer_mode", None)
+    if "schedulefree" in str(optim.get("optimizer_impl", "")).lower() or trainer_mode == "schedule_free_sync":
+        features.append("schedule-free AdamW (OPTIM=schedulefree)")
+    if not features:
+        return None
+    fsdp1 = [f"actor_rollout_ref.{role}.strategy=fsdp" for role in ("actor", "ref")
+             if str(arr[role].get("strategy", "")) == "fsdp"]  # fmt: skip
+    if not fsdp1:
+        return None
+    return (
+        f"{' and '.join(features)} with {' and '.join(fsdp1)} (FSDP1): tested on FSDP2 only. Fix: remove the "
+        f"strategy override (the recipes use FSDP2, rpg/config/rpg_trainer.yaml) or set "
+        f"actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2 (docs/differences.md#d27)"
+    )
+
+
 THINKING_KEY = "data.apply_chat_template_kwargs.enable_thinking"
 
 
@@ -146,6 +170,7 @@ RECIPE_RULES: tuple[Callable[[DictConfig], Optional[str]], ...] = (
     _rule_overlong_buffer,
     _rule_resume_settings,
     _rule_run_names,
+    _rule_fsdp2_for_tested_features,
     _rule_context_fits_model,
     _rule_data_sources_scored,
 )

@@ -605,7 +605,7 @@ def test_real_dry_run_prints_resolved_yaml(tmp_path: Path):
 
     from recipe_helpers import clean_env
 
-    proc = subprocess.run(["bash", str(script)], env=clean_env(RPG_DRY_RUN="1"), cwd=tmp_path,
+    proc = subprocess.run(["bash", str(script)], env=clean_env(RPG_DRY_RUN="1", PYTHON=sys.executable), cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     cfg = yaml.safe_load(proc.stdout)  # stdout is exactly the resolved config
@@ -625,7 +625,7 @@ def test_real_dry_run_rejects_bad_override(tmp_path: Path):
 
     script = RECIPE / "4b" / "run_rpg_urkl_2k.sh"
     args = ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001"]
-    proc = subprocess.run(["bash", str(script), *args], env=clean_env(RPG_DRY_RUN="1"), cwd=tmp_path,
+    proc = subprocess.run(["bash", str(script), *args], env=clean_env(RPG_DRY_RUN="1", PYTHON=sys.executable), cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode != 0 and proc.stdout == ""
     assert "invalid RPG configuration" in proc.stderr and "use_kl_loss=False" in proc.stderr

@@ -13,6 +13,7 @@ import copy
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -355,7 +356,7 @@ def test_test_file_forms():
 def test_real_dry_run_keeps_nasty_paths_and_reports_them(tmp_path):
     """`RPG_DRY_RUN=1 bash <script>` end to end: exit 0, the YAML holds the exact paths, stderr reports them."""
     train, test, model = NASTY[0], NASTY[3], NASTY[1]
-    env = clean_env(RPG_DRY_RUN="1", TRAIN_FILE=train, TEST_FILE=f"{test}\n{NASTY[2]}", MODEL_PATH=model)
+    env = clean_env(RPG_DRY_RUN="1", PYTHON=sys.executable, TRAIN_FILE=train, TEST_FILE=f"{test}\n{NASTY[2]}", MODEL_PATH=model)
     proc = subprocess.run(["bash", str(SCRIPT)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cfg = yaml.safe_load(proc.stdout)
@@ -369,7 +370,7 @@ def test_real_dry_run_keeps_nasty_paths_and_reports_them(tmp_path):
 def test_every_recipe_dry_run_reports_missing_data_without_failing(tmp_path):
     """The recipes' default data files do not exist here: a dry run reports them and still succeeds (the other 87
     scripts take the same in-process path in test_dry_run_on_cpu.py)."""
-    env = clean_env(RPG_DRY_RUN="1", DATA_DIR=str(tmp_path / "no-data"))
+    env = clean_env(RPG_DRY_RUN="1", PYTHON=sys.executable, DATA_DIR=str(tmp_path / "no-data"))
     proc = subprocess.run(["bash", str(RECIPE / "7b" / "run_dapo_7b.sh")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=180)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def test_schedule_free_script_selects_optimizer_trainer_and_module(script):
 
 def test_dry_run_imports_the_module_in_a_fresh_process():
     script = REPO / "recipe" / "rpg" / "7b" / "run_rpg_7b_urkl1e-4_schedulefree.sh"
-    proc = _run(script, RPG_DRY_RUN="1")
+    proc = _run(script, RPG_DRY_RUN="1", PYTHON=sys.executable)  # GPU scripts run python3 unless PYTHON is set
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"trainer_mode: {sfm.TRAINER_MODE}" in proc.stdout
     assert "optimizer: AdamWScheduleFree" in proc.stdout

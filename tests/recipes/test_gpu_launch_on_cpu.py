@@ -1,0 +1,291 @@
+"""The GPU side of the launcher, checked without a GPU: FSDP2 for every recipe (and FSDP1 refused where untested);
+the per-GPU memory plan of every recipe within 80 GiB, printed once and refused over budget.
+
+The recipe scripts are composed and validated once per session (`recipe_helpers.validated`, shared with
+test_dry_run_on_cpu.py); rules are checked on copies of one composed config.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import pytest
+from omegaconf import OmegaConf, open_dict
+from recipe_helpers import RECIPE, SCRIPTS_4B, SCRIPTS_7B, overrides, run_script, validated
+
+from rpg.launch import RecipeConfigError, validate_recipe
+from rpg.preflight.gpu import check_gpu_launch, check_memory_plan
+
+GPU_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B
+
+
+def with_(cfg, **updates):
+    """A copy of `cfg` with dotted keys (`__` for `.`) set; new keys allowed."""
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        for key, value in updates.items():
+            OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def rpg_4b():
+    return validated(RECIPE / "4b" / "run_rpg_urkl_2k.sh").config
+
+
+# ---- 1. FSDP2 everywhere ---------------------------------------------------------------------------------------------
+def test_the_gpu_scripts_are_found():
+    assert (len(SCRIPTS_7B), len(SCRIPTS_4B)) == (60, 29)  # the authors' 60 and the paper's 4B rows
+
+
+@pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_gpu_recipe_runs_actor_and_reference_on_fsdp2(script):
+    arr = validated(script).config.actor_rollout_ref
+    assert (arr.actor.strategy, arr.ref.strategy) == ("fsdp2", "fsdp2")
+
+
+ARR = "actor_rollout_ref__"
+PERIODIC = {ARR + "actor__policy_loss__reference": "periodic", ARR + "actor__use_kl_loss": True,
+            ARR + "actor__kl_loss_coef": 0.0}  # fmt: skip
+SCHEDULE_FREE = {ARR + "actor__optim__optimizer_impl": "schedulefree",
+                 ARR + "actor__optim__optimizer": "AdamWScheduleFree", "trainer__v1__trainer_mode": "schedule_free_sync"}
+
+
+@pytest.mark.parametrize("feature, needle", [(PERIODIC, "policy_loss.reference=periodic"),
+                                             (SCHEDULE_FREE, "schedule-free AdamW")])  # fmt: skip
+def test_fsdp1_is_refused_for_the_periodic_reference_and_schedule_free(rpg_4b, feature, needle):
+    validate_recipe(with_(rpg_4b, **feature))  # on FSDP2: accepted
+    fsdp1 = with_(rpg_4b, **feature, **{ARR + "actor__strategy": "fsdp"})  # the reference follows the actor
+    with pytest.raises(RecipeConfigError, match="tested on FSDP2 only") as e:
+        validate_recipe(fsdp1)
+    message = str(e.value)
+    assert needle in message and "actor_rollout_ref.actor.strategy=fsdp and actor_rollout_ref.ref.strategy=fsdp" in message
+    assert "actor_rollout_ref.actor.strategy=fsdp2" in message  # the fix
+    only_ref = with_(rpg_4b, **feature, **{ARR + "ref__strategy": "fsdp"})
+    with pytest.raises(RecipeConfigError, match=r"with actor_rollout_ref\.ref\.strategy=fsdp \(FSDP1\)"):
+        validate_recipe(only_ref)
+
+
+def test_fsdp1_stays_allowed_for_the_other_recipes(rpg_4b):
+    validate_recipe(with_(rpg_4b, **{ARR + "actor__strategy": "fsdp"}))
+
+
+# ---- 2. The memory plan ----------------------------------------------------------------------------------------------
+PLAN_LINE = "[rpg] GPU memory plan (per GPU, "
+UTIL = "actor_rollout_ref__rollout__gpu_memory_utilization"
+
+
+@pytest.fixture(scope="module")
+def dapo_7b():
+    return validated(RECIPE / "7b" / "run_dapo_7b.sh").config
+
+
+@pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_gpu_recipe_plans_within_80_gib(script, capsys):
+    cfg = validated(script).config
+    capsys.readouterr()
+    expected = 0.8 if script.parent.name == "7b" else 0.85  # docs/differences.md#d28
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == expected
+    plan = check_memory_plan(cfg, budget_gib=80)
+    assert plan is not None and plan.problems() == []
+    assert max(plan.rollout_gib, plan.update_gib) <= 80 - plan.headroom_gib
+    assert capsys.readouterr().err == plan.line() + "\n"
+
+
+def test_an_over_budget_7b_run_is_refused_naming_the_setting(dapo_7b, capsys):
+    cfg = with_(dapo_7b, **{UTIL: 0.95})
+    with pytest.raises(RecipeConfigError, match="GPU memory plan over budget") as e:
+        check_memory_plan(cfg, budget_gib=80)
+    message = str(e.value)
+    assert "rollout phase needs about" in message
+    assert "lower actor_rollout_ref.rollout.gpu_memory_utilization from 0.95 to 0.80 or below" in message
+    assert "optimizer_offload=True" in message  # the other ways to fit
+    assert capsys.readouterr().err.count(PLAN_LINE) == 1  # the line comes first, once
+
+
+def test_the_budget_comes_from_gpu_memory_gib(dapo_7b, monkeypatch, capsys):
+    monkeypatch.setenv("GPU_MEMORY_GIB", "141")
+    check_memory_plan(dapo_7b)
+    assert "budget 141.0 GiB" in capsys.readouterr().err
+    monkeypatch.setenv("GPU_MEMORY_GIB", "lots")
+    with pytest.raises(RecipeConfigError, match="GPU_MEMORY_GIB='lots' is not a positive number"):
+        check_memory_plan(dapo_7b)
+
+
+def test_an_unknown_model_gets_one_line_saying_why_no_plan(dapo_7b, tmp_path, capsys):
+    cfg = with_(dapo_7b, actor_rollout_ref__model__path=str(tmp_path / "no-model"))
+    assert check_memory_plan(cfg, budget_gib=80) is None
+    err = capsys.readouterr().err
+    assert err.startswith("[rpg] GPU memory plan: not computed: ") and err.count("\n") == 1
+    assert "actor_rollout_ref.model.path=" in err
+
+
+def test_cpu_runs_get_no_plan_line(capsys):
+    cfg = validated(RECIPE / "cpu" / "run_rpg_ufkl.sh").config
+    capsys.readouterr()
+    check_gpu_launch(cfg, dry_run=True, local=True)
+    assert capsys.readouterr().err == ""
+
+
+def test_real_dry_run_prints_the_plan_once_and_refuses_over_budget(tmp_path):
+    """`RPG_DRY_RUN=1 bash <7b script>`: the shipped settings plan within 80 GiB; at 0.95 the dry run fails."""
+    script = RECIPE / "7b" / "run_dapo_7b.sh"
+    env = {"RPG_DRY_RUN": "1", "PYTHON": sys.executable, "GPU_MEMORY_GIB": "80"}
+    ok = run_script(script, **env)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stderr.count(PLAN_LINE) == 1
+    assert "[rpg] GPU memory plan (per GPU, Qwen/Qwen2.5-Math-7B, budget 80.0 GiB): rollout 76.3 GiB" in ok.stderr
+    over = run_script(script, "actor_rollout_ref.rollout.gpu_memory_utilization=0.95", **env)
+    assert over.returncode != 0 and over.stdout == ""
+    assert over.stderr.count(PLAN_LINE) == 1
+    assert "gpu_memory_utilization from 0.95 to 0.80 or below" in over.stderr
+
+
+# ---- 3. SMOKE=1 ------------------------------------------------------------------------------------------------------
+def test_smoke_dry_run_of_a_7b_recipe_prints_the_smoke_config_and_the_plan(monkeypatch, capsys, tmp_path):
+    """`SMOKE=1 RPG_DRY_RUN=1`, in-process through `rpg.launch.main` (Hydra's entry, as the shell runs it)."""
+    import yaml
+
+    from rpg import launch, smoke
+
+    script = RECIPE / "7b" / "run_rpg_7b_urkl1e-4.sh"
+    monkeypatch.setattr(sys, "argv", ["rpg.launch"])
+    monkeypatch.chdir(tmp_path)
+    for name, value in {"RPG_DRY_RUN": "1", "SMOKE": "1", "GPU_MEMORY_GIB": "80", "RPG_SMOKE_DIR": "smoke-logs"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    launch.main(overrides(script))
+    out, err = capsys.readouterr()
+    cfg = yaml.safe_load(out)
+    full = validated(script).config
+    batch = smoke.smoke_batch_size(full)
+    assert batch < full.data.train_batch_size == 512
+    assert cfg["trainer"]["total_training_steps"] == smoke.SMOKE_STEPS == 2
+    assert cfg["data"]["train_batch_size"] == cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == batch
+    assert cfg["trainer"]["save_freq"] == -1 and cfg["trainer"]["logger"] == ["console", "file"]
+    log = tmp_path / "smoke-logs" / "run_rpg_7b_urkl1e-4.jsonl"
+    assert cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["VERL_FILE_LOGGER_PATH"] == str(log)
+    assert cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] == 0.8  # the recipe's settings stay
+    assert err.count(PLAN_LINE) == 1 and "budget 80.0 GiB" in err
+    assert f"[rpg] smoke run (SMOKE=1): 2 steps of {batch} prompts, metrics to {log}" in err
+    assert list(tmp_path.iterdir()) == []  # a dry run makes no folder
+
+
+def test_a_bad_smoke_value_is_refused(monkeypatch):
+    from rpg.launch import smoke_setup
+
+    monkeypatch.setenv("SMOKE", "maybe")
+    with pytest.raises(RecipeConfigError, match="SMOKE='maybe' is not valid; use 1"):
+        smoke_setup([], dry_run=True)
+
+
+def test_smoke_settings_are_passed_on_to_the_launch_and_to_ray_jobs():
+    import json
+
+    proc = run_script(RECIPE / "7b" / "run_dapo_7b.sh", RPG_PRINT_ARGV="1", SMOKE="1", RPG_SMOKE_DIR="/tmp/smoke",
+                      GPU_MEMORY_GIB="141", RPG_SHARED_CKPT="1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    env = json.loads(proc.stdout)["env"]  # the environment a local run gets and a Ray job receives
+    assert {k: env.get(k) for k in ("SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB", "RPG_SHARED_CKPT")} == {
+        "SMOKE": "1", "RPG_SMOKE_DIR": "/tmp/smoke", "GPU_MEMORY_GIB": "141", "RPG_SHARED_CKPT": "1"}
+
+
+# ---- 4. Interpreter and engines --------------------------------------------------------------------------------------
+@pytest.fixture
+def repo_with_a_venv(tmp_path):
+    """A copy of the launcher (common.sh, the CPU profile, one 7b and one cpu script, recipe_argv.py) in a checkout
+    whose .venv/bin/python exists: it runs this test's interpreter and leaves a mark when run."""
+    import shutil
+    import stat
+
+    from recipe_helpers import REPO
+
+    for rel in ("recipe/rpg/common.sh", "recipe/rpg/cpu/profile.sh", "recipe/rpg/7b/run_dapo_7b.sh",
+                "recipe/rpg/cpu/run_dapo.sh", "rpg/preflight/recipe_argv.py"):  # fmt: skip
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tmp_path / rel)
+    venv_python = tmp_path / ".venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text(f'#!/bin/sh\ntouch "{tmp_path}/venv-used"\nexec "{sys.executable}" "$@"\n')
+    venv_python.chmod(venv_python.stat().st_mode | stat.S_IEXEC)
+    return tmp_path
+
+
+def test_gpu_recipes_never_run_the_repositorys_venv(repo_with_a_venv):
+    import json
+
+    gpu = run_script(repo_with_a_venv / "recipe/rpg/7b/run_dapo_7b.sh", RPG_PRINT_ARGV="1")
+    assert gpu.returncode == 0, gpu.stderr
+    assert json.loads(gpu.stdout)["argv"][0] == "python3"
+    assert not (repo_with_a_venv / "venv-used").exists()
+    chosen = run_script(repo_with_a_venv / "recipe/rpg/7b/run_dapo_7b.sh", RPG_PRINT_ARGV="1", PYTHON=sys.executable)
+    assert json.loads(chosen.stdout)["argv"][0] == sys.executable  # PYTHON wins
+    cpu = run_script(repo_with_a_venv / "recipe/rpg/cpu/run_dapo.sh", RPG_PRINT_ARGV="1")
+    assert cpu.returncode == 0, cpu.stderr
+    assert json.loads(cpu.stdout)["argv"][0] == str(repo_with_a_venv / ".venv" / "bin" / "python")  # CPU keeps it
+
+
+def _spec(missing: set):
+    return lambda name: None if name in missing else object()
+
+
+@pytest.mark.parametrize("missing, gpus, needles", [
+    (set(), 8, []),
+    ({"vllm"}, 8, ["actor_rollout_ref.rollout.name=vllm, but vllm cannot be imported",
+                   "pip install -r requirements-gpu.txt"]),
+    ({"flash_attn"}, 8, ["attn_implementation=flash_attention_2 (verl's default) needs flash-attn",
+                         "MAX_JOBS=8 pip install --no-build-isolation flash-attn==2.8.3"]),
+    (set(), 4, ["trainer.n_gpus_per_node=8 (recipe knob N_GPUS), but torch sees 4 GPU(s)", "Fix: N_GPUS=4"]),
+    (set(), 0, ["torch sees no GPU on this node", "run on a GPU node"]),
+])  # fmt: skip
+def test_what_a_local_launch_needs(dapo_7b, missing, gpus, needles):
+    from rpg.preflight.gpu import runtime_problems
+
+    problems = runtime_problems(dapo_7b, find_spec=_spec(missing), device_count=lambda: gpus)
+    assert len(problems) == len(needles) // 2
+    for needle in needles:
+        assert needle in "\n".join(problems)
+
+
+def test_flash_attn_is_not_needed_with_another_attention(dapo_7b):
+    from rpg.preflight.gpu import runtime_problems
+
+    sdpa = with_(dapo_7b, actor_rollout_ref__model__override_config__attn_implementation="sdpa")
+    assert runtime_problems(sdpa, find_spec=_spec({"flash_attn"}), device_count=lambda: 8) == []
+
+
+def test_a_local_launch_refuses_what_a_dry_run_warns_about(dapo_7b, monkeypatch, capsys):
+    from rpg.preflight import gpu
+
+    monkeypatch.setattr(gpu.importlib.util, "find_spec", _spec({"vllm", "flash_attn"}))
+    monkeypatch.setattr(gpu, "_device_count", lambda: 2)
+    monkeypatch.setenv("GPU_MEMORY_GIB", "80")
+    gpu.check_gpu_launch(dapo_7b, dry_run=True, local=True)
+    err = capsys.readouterr().err
+    assert err.count(PLAN_LINE) == 1 and err.count("[rpg] dry run: a local launch would refuse: ") == 3
+    with pytest.raises(RecipeConfigError, match="this node cannot run the config") as e:
+        gpu.check_gpu_launch(dapo_7b, dry_run=False, local=True)
+    assert "vllm" in str(e.value) and "flash-attn" in str(e.value) and "N_GPUS=2" in str(e.value)
+    gpu.check_gpu_launch(dapo_7b, dry_run=False, local=False)  # a Ray job: the cluster's nodes are not this one
+
+
+# ---- 5. Several nodes without a shared filesystem --------------------------------------------------------------------
+def test_periodic_reference_on_several_nodes_needs_a_shared_checkpoint_dir(rpg_4b, monkeypatch):
+    from rpg.launch import validate_rpg
+
+    monkeypatch.delenv("RPG_SHARED_CKPT", raising=False)
+    periodic = with_(rpg_4b, **PERIODIC, actor_rollout_ref__actor__policy_loss__ref_refresh_steps=64)
+    validate_rpg(periodic)  # one node: nothing to share
+    two_nodes = with_(periodic, trainer__nnodes=2)
+    with pytest.raises(RecipeConfigError, match=r"reference=periodic with trainer\.nnodes=2") as e:
+        validate_rpg(two_nodes)
+    message = str(e.value)
+    assert "written by rank 0 and read by every rank" in message and "each node's local disk" in message
+    assert "RPG_SHARED_CKPT=1" in message and "NNODES=1" in message  # the fixes
+    monkeypatch.setenv("RPG_SHARED_CKPT", "1")
+    validate_rpg(two_nodes)
+    validate_rpg(with_(rpg_4b, trainer__nnodes=2))  # other reference modes keep no state of their own
+    monkeypatch.setenv("RPG_SHARED_CKPT", "yes")
+    with pytest.raises(RecipeConfigError, match="RPG_SHARED_CKPT='yes' is not valid; choose one of: 0 1"):
+        validate_rpg(two_nodes)
