@@ -25,16 +25,10 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-import pytest
 import torch
-from cpu_trainer import check_steps, ensure_tiny_model, run_cpu_recipe
+from cpu_trainer import check_steps, run_cpu_recipe
 
 SIZES = dict(CPU_RANKS="2", CPU_BATCH="4", CPU_N="4", CPU_SEED="0")  # 16 sequences per step, 8 per rank
-
-
-@pytest.fixture(scope="module")
-def tiny_dir():
-    return ensure_tiny_model()
 
 
 def test_periodic_reference_checkpoint_and_resume_on_two_ranks(tiny_dir, tmp_path):

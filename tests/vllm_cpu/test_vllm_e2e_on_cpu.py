@@ -35,18 +35,13 @@ import re
 from pathlib import Path
 
 import pytest
-from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
+from cpu_trainer import run_cpu_recipe, training_steps
 
 HERE = Path(__file__).resolve().parent
 GAP = "training/rollout_probs_diff_mean"
 SIZES = dict(CPU_ROLLOUT="vllm", CPU_BATCH="4", CPU_N="4", CPU_MINI_BATCH="2", CPU_SEED="0")
 SMALL_VAL = ["data.val_max_samples=32"]
 PROBE = dict(VERL_USE_EXTERNAL_MODULES="sync_probe", PYTHONPATH=str(HERE))
-
-
-@pytest.fixture(scope="module")
-def tiny_dir():
-    return ensure_tiny_model()
 
 
 def finite(value) -> bool:

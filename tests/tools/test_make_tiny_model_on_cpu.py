@@ -68,9 +68,11 @@ def test_idempotent_and_deterministic(built, tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left behind
 
 
-def test_bad_target_is_named():
-    with pytest.raises(SystemExit):
+def test_bad_target_is_named(capsys):
+    with pytest.raises(SystemExit) as exc:
         mtm.parse_args(["--target", "0.6,0.2"])
+    assert exc.value.code == 2
+    assert "--target needs 0 <= LO <= HI <= 1, got '0.6,0.2'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("layout", ["user_folder", "user_file_in_own_build"])
