@@ -92,7 +92,7 @@ def test_urkl_iterative_syncs_every_step(urkl):
 def test_resume_reaches_vllm_and_a_missing_sync_shows(urkl):
     tmp, _, _ = urkl
     records, console = run_cpu_recipe(tmp, "urkl_resume_stale", [*SMALL_VAL, "trainer.resume_mode=auto"],
-                                      CPU_STEPS="4", CPU_TEST_FREQ="4", RPG_TEST_SYNC="first-only", **PROBE,
+                                      CPU_STEPS="4", CPU_TEST_FREQ="-1", RPG_TEST_SYNC="first-only", **PROBE,
                                       **SIZES)  # fmt: skip
     train = training_steps(records)
     gap = gaps(train)
