@@ -54,15 +54,11 @@ def response_log_probs(model, batch) -> torch.Tensor:
 def one_piece_gradient(model, batch, loss_mode: str) -> dict[str, torch.Tensor]:
     """∇ of verl's `ppo_loss` over the whole mini-batch in one call (one rank, one micro-batch)."""
     from verl.utils import tensordict_utils as tu
-    from verl.workers.config import ActorConfig
     from verl.workers.utils.losses import ppo_loss
 
-    from rpg.config import RPGPolicyLossConfig
-    from verl_batch import to_flat
+    from verl_batch import actor_config, to_flat
 
-    cfg = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=N, clip_ratio_low=0.2,
-                      clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode="token-mean",
-                      policy_loss=RPGPolicyLossConfig(loss_mode=loss_mode, kl_coef=KL_COEF))  # fmt: skip
+    cfg = actor_config(loss_mode, strategy="fsdp2", c=3.0, micro=N, kl_coef=KL_COEF)
     td = to_td(batch)
     tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=None, global_batch_size=None)
     model.zero_grad()
