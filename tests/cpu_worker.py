@@ -51,14 +51,16 @@ def free_port() -> int:
 
 
 def one_rank_env() -> dict[str, str | None]:
-    """Set what a one-rank gloo group under the CPU platform needs (VERL_PLATFORM=cpu, WORLD_SIZE=1, RANK=0, a free
-    MASTER_PORT, ...) where not already set, install the CPU platform, and return the previous values (for
-    `restore_env`)."""
+    """Set what a one-rank gloo group under the CPU platform needs (VERL_PLATFORM=cpu, WORLD_SIZE=1, RANK=0, and a
+    free MASTER_PORT unless this process already has its process group), install the CPU platform, and return the
+    previous values (for `restore_env`). The port is always a fresh one for a new group: a MASTER_PORT inherited from
+    a parent process may be the parent's own, still bound, group."""
+    import torch.distributed as dist
+
     saved = {k: os.environ.get(k) for k in ONE_RANK_ENV}
-    for key, value in {"VERL_PLATFORM": "cpu", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
-                       "MASTER_ADDR": "127.0.0.1"}.items():  # fmt: skip
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.update(VERL_PLATFORM="cpu", WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+    if not dist.is_initialized():
+        os.environ["MASTER_PORT"] = str(free_port())
     from rpg.cpu import platform as cpu_platform
 
     cpu_platform.install()
