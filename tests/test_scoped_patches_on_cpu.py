@@ -214,12 +214,9 @@ UNPICKLED_LOSS = textwrap.dedent(
 def test_the_loss_names_a_missing_adapter():
     import pickle
 
-    from verl.workers.config import ActorConfig
+    from verl_batch import actor_config
 
-    from rpg.config import RPGPolicyLossConfig
-
-    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2,
-                      policy_loss=RPGPolicyLossConfig(loss_mode="rpg_urkl", reference="frozen"))  # fmt: skip
+    cfg = actor_config("rpg_urkl", reference="frozen")
     proc = _run(UNPICKLED_LOSS, pickle.dumps(cfg).hex())
     assert proc.returncode == 0, proc.stderr[-3000:]
     message = proc.stdout.strip().splitlines()[-1]

@@ -48,8 +48,9 @@ PROBE = textwrap.dedent(
 
 def _fresh_env() -> dict[str, str]:
     """This process's environment without what other tests in the session set for their in-process verl workers
-    (VERL_PLATFORM=cpu and friends): a fresh install must not depend on them."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
+    (VERL_PLATFORM=cpu and friends) and without PYTHONPATH (a checkout on it would shadow the installed wheel): a
+    fresh install must not depend on them."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("VERL_") and k != "PYTHONPATH"}
 
 
 def _run(cmd: list, **kwargs) -> subprocess.CompletedProcess:

@@ -1,4 +1,5 @@
-"""Build the TensorDict that verl 0.9.1's actor hands to `ppo_loss`, without a model (test helper).
+"""Build the TensorDict that verl 0.9.1's actor hands to `ppo_loss`, without a model, and the actor config it reads
+(test helper).
 
 The engine converts a left/right-padded DataProto with `left_right_2_no_padding` and calls
 `ppo_loss(config, {"log_probs": <flat per-token log-probs over prompt+response>}, data)`. This module reproduces that
@@ -53,3 +54,17 @@ def to_flat(response_values: torch.Tensor, attn: torch.Tensor, prompt_width: int
     head = torch.zeros(bs, prompt_width - 1, dtype=response_values.dtype)
     tail = torch.zeros(bs, 1, dtype=response_values.dtype)
     return torch.cat([head, response_values, tail], dim=1)[attn]
+
+
+def actor_config(loss_mode: str = "rpg_urkl", *, strategy: str = "fsdp", low: float = 0.2, high: float = 0.28,
+                 c: float = 10.0, agg: str = "token-mean", micro: int = 2, **policy):  # fmt: skip
+    """verl's `ActorConfig` for a loss test: clip range (1 − low, 1 + high), dual-clip constant `c`, aggregation `agg`,
+    `micro` sequences per micro-batch, and `RPGPolicyLossConfig(loss_mode=loss_mode, **policy)` (RPG options such as
+    kl_coef or reference; verl's own loss modes take none)."""
+    from verl.workers.config import ActorConfig
+
+    from rpg.config import RPGPolicyLossConfig
+
+    return ActorConfig(strategy=strategy, rollout_n=1, ppo_micro_batch_size_per_gpu=micro, clip_ratio_low=low,
+                       clip_ratio_high=high, clip_ratio_c=c, loss_agg_mode=agg,
+                       policy_loss=RPGPolicyLossConfig(loss_mode=loss_mode, **policy))  # fmt: skip

@@ -177,9 +177,6 @@ def test_update_weights_changes_samples_and_rejects_wrong_names(tiny_qwen2_dir):
 
 
 # ------------------------------------------------------------------------------------------------ real verl engine --
-ENGINE_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
 @pytest.fixture(scope="module")
 def cpu_actor(tiny_qwen2_dir):
     """verl's ActorRolloutRefWorker (role 'actor', FSDP2 on CPU, fp32) built in-process under the CPU platform.
@@ -189,47 +186,25 @@ def cpu_actor(tiny_qwen2_dir):
     """
     if os.environ.get("VERL_PLATFORM", "cpu") != "cpu":
         pytest.skip("VERL_PLATFORM is set to another platform")
-    saved = {k: os.environ.get(k) for k in ENGINE_ENV}
-    os.environ.update(VERL_PLATFORM="cpu", WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(29500 + os.getpid() % 1000))
-    from rpg.cpu import platform as cpu_platform
+    from cpu_worker import compose, one_rank_env, restore_env
 
-    cpu_platform.install()
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({f"t{i}": i for i in range(48)},
-                                                                               unk_token="t3")),
-                                  eos_token="t2", pad_token="t0", unk_token="t3")
-    tok.save_pretrained(tiny_qwen2_dir)
-    from hydra import compose, initialize_config_module
+    saved = one_rank_env()
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    overrides = [
-        f"actor_rollout_ref.model.path={tiny_qwen2_dir}", "actor_rollout_ref.model.use_remove_padding=False",
-        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.use_torch_compile=False",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.use_kl_loss=False",
-        "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.n=1", "trainer.device=cpu", "trainer.n_gpus_per_node=1",
-    ]
     try:
-        with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-            cfg = compose("ppo_trainer", overrides=overrides)
+        cfg = compose(tiny_qwen2_dir, [
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.use_kl_loss=False",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.rollout.n=1", "trainer.n_gpus_per_node=1",
+        ])  # fmt: skip
         worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor")
         worker.init_model()
         yield worker
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_env(saved)
 
 
 def _actor_batch(prompts, responses, extra=None, pad_id=0):

@@ -1,37 +1,62 @@
 """End to end on CPU: verl 0.9.1's unmodified trainer with the RPG plugin, through the project's own launcher.
 
 `recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` (common.sh + the CPU profile -> `python -m rpg.launch` -> verl's
-`run_ppo`) runs RPG-REINFORCE-URKL with the `rpg` advantage estimator on the tiny model for 2 steps with validation
-and a checkpoint, then a second process resumes from that checkpoint and runs step 3. Checks:
+`run_ppo`; the "hf" rollout, DAPO group filtering) runs RPG-REINFORCE-URKL with the `rpg` advantage estimator on the
+tiny model: 2 steps of four prompts × four samples (so DAPO evicts and refills groups), two mini-batches per step,
+validation before training and after step 2 (32 held-out prompts, 2 samples each), a checkpoint at step 2. Three
+trainer processes, started once for the tests of this module:
+
+* ``first``   the run above;
+* ``second``  the same run again with the same seed (``CPU_SEED=0``), in its own folder;
+* ``resumed`` a third process that resumes from ``first``'s checkpoint and runs step 3.
+
+Checks:
 
 * the plugin runs inside the Ray actor workers: RPG metrics (`actor/rpg/...`) and `actor/pg_loss` are logged and
   finite at every step (verl's file logger, one JSON line per step); with two mini-batches per step the second
   update is off-policy, so the KL to the iterative reference π_old is non-zero (`actor/rpg/kl` > 0);
 * validation ran (`val-core/...` accuracy in [0, 1]) and the rollout used the actor's current weights
   (`training/rollout_probs_diff_mean` ~ 0: the rollout and actor log-probs of the sampled tokens agree);
-* the checkpoint was written at step 2 and the second run resumed from it (its first logged step is 3).
+* the checkpoint was written at step 2 and the resumed run continued from it (its first logged step is 3);
+* same seed, same numbers: every logged number of ``first`` and ``second`` is identical, except wall-clock timings,
+  throughput and memory: validation accuracy, rewards, losses, gradient norms, the RPG KL and the DAPO counts. What
+  makes this hold is documented in rpg/cpu/hf_rollout.py (per-request seeds) and rpg/cpu/sampler.py (batches
+  independent of completion timing).
 
-Cost: about 3-4 minutes on 2 cores (two trainer start-ups of ~40 s each), plus ~80 s once to build artifacts/tiny
-if it is missing (rpg.tools.tiny_model, reused afterwards).
+Cost: three trainer start-ups, about 4 minutes on 2 cores (artifacts/tiny is built once per session if missing).
 """
 
 import math
 from pathlib import Path
 
 import pytest
-from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
+from cpu_trainer import run_cpu_recipe, training_steps
 
-
-@pytest.fixture(scope="module")
-def tiny_dir():
-    return ensure_tiny_model()
+# wall-clock and machine-state metrics, the only ones allowed to differ between two runs
+TIMING_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
+SIZES = dict(CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2", CPU_SEED="0")
+VALIDATION = ["data.val_max_samples=32", "actor_rollout_ref.rollout.val_kwargs.n=2"]
 
 
 def run_trainer(tmp: Path, name: str, steps: int, extra: list[str]) -> list[dict]:
-    """2 mini-batches of 2 prompts × 4 responses per step, validation every 2 steps; returns the metric records."""
-    records, _ = run_cpu_recipe(tmp, name, ["trainer.val_before_train=False", *extra], CPU_STEPS=str(steps),
-                                CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2", CPU_SEED="0")
+    """2 mini-batches of 2 prompts × 4 responses per step, validation every 2 steps, a checkpoint every 2 steps;
+    returns the metric records."""
+    records, _ = run_cpu_recipe(tmp, name, [*VALIDATION, "trainer.save_freq=2", *extra], CPU_STEPS=str(steps),
+                                **SIZES)  # fmt: skip
     return records
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dir, tmp_path_factory) -> dict:
+    first_dir, second_dir = tmp_path_factory.mktemp("first"), tmp_path_factory.mktemp("second")
+    fresh = ["trainer.val_before_train=True", "trainer.resume_mode=disable"]
+    first = run_trainer(first_dir, "first", steps=2, extra=fresh)
+    ckpt = first_dir / "ckpts"
+    latest = (ckpt / "latest_checkpointed_iteration.txt").read_text().strip()  # before the resumed run saves step 3
+    second = run_trainer(second_dir, "second", steps=2, extra=fresh)
+    resumed = run_trainer(first_dir, "resumed", steps=3,
+                          extra=["trainer.val_before_train=False", "trainer.resume_mode=auto"])
+    return {"first": first, "second": second, "resumed": resumed, "latest": latest, "ckpt": ckpt}
 
 
 def finite(value) -> bool:
@@ -52,14 +77,32 @@ def check_training_steps(records: list[dict], steps: list[int]) -> None:
         assert abs(data["training/rollout_probs_diff_mean"]) < 1e-3, "rollout and actor log-probs disagree"
 
 
-def test_train_validate_checkpoint_resume(tiny_dir, tmp_path):
-    first = run_trainer(tmp_path, "phase1", steps=2, extra=["trainer.save_freq=2", "trainer.resume_mode=disable"])
+def by_step(records: list[dict]) -> dict[int, dict]:
+    """step -> every logged number but the wall-clock ones."""
+    steps: dict[int, dict] = {}
+    for r in records:
+        steps.setdefault(r["step"], {}).update(
+            {k: v for k, v in r["data"].items() if not k.startswith(TIMING_PREFIXES)})
+    return steps
+
+
+def test_train_validate_checkpoint(runs):
+    first = runs["first"]
     check_training_steps(first, [1, 2])
     val = {k: v for r in first for k, v in r["data"].items() if k.startswith("val-core/") and "acc" in k}
     assert val and all(finite(v) and 0.0 <= v <= 1.0 for v in val.values()), f"validation metrics: {val}"
-    ckpt = tmp_path / "ckpts"
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    assert (ckpt / "global_step_2" / "actor").is_dir()
+    assert runs["latest"] == "2"
+    assert (runs["ckpt"] / "global_step_2" / "actor").is_dir()
 
-    second = run_trainer(tmp_path, "phase2", steps=3, extra=["trainer.save_freq=2", "trainer.resume_mode=auto"])
-    check_training_steps(second, [3])
+
+def test_resume_from_the_checkpoint(runs):
+    check_training_steps(runs["resumed"], [3])
+
+
+def test_same_seed_same_numbers(runs):
+    first, second = by_step(runs["first"]), by_step(runs["second"])
+    assert sorted(first) == [0, 1, 2]
+    assert any(k.startswith("val-core/") for k in first[0]) and "actor/rpg/kl" in first[2]
+    for step in first:
+        diff = {k: (v, second[step].get(k)) for k, v in first[step].items() if second[step].get(k) != v}
+        assert not diff and first[step].keys() == second[step].keys(), f"step {step} differs: {diff}"

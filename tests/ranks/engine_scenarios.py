@@ -15,7 +15,6 @@ from typing import Any, Optional
 import torch
 
 PROMPT_W, RESPONSE_W = 5, 9
-FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -63,26 +62,15 @@ def chunk(tensors: dict[str, torch.Tensor], rank: int, world_size: int) -> dict[
 
 
 def compose(model_dir: str, overrides: list[str]):
-    """verl's `ppo_trainer` config for an in-process CPU worker on the tiny model (fp32, FSDP2, eager attention)."""
-    import verl
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    """verl's `ppo_trainer` config for an in-process CPU worker on the tiny model (cpu_worker.py's CPU base: fp32,
+    FSDP2, eager attention), the rollout side `hf`, no warm-up, fixed micro-batches, then `overrides`."""
+    import cpu_worker
 
-    base = [
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.use_remove_padding=False",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
-        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
-        "actor_rollout_ref.actor.use_torch_compile=False", "actor_rollout_ref.ref.use_torch_compile=False",
-        f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={FP32}",
-        f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={FP32}",
+    return cpu_worker.compose(model_dir, [
         "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "actor_rollout_ref.actor.use_dynamic_bsz=False",
         "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=1",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.device=cpu",
-    ]  # fmt: skip
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir, version_base=None):
-        return hydra_compose("ppo_trainer", overrides=base + list(overrides))
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", *overrides,
+    ])  # fmt: skip
 
 
 def local_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:

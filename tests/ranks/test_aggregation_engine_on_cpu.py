@@ -28,11 +28,11 @@ KL_COEF = 0.2
 
 
 @pytest.fixture(scope="module")
-def batch_and_model(tiny_model_with_tokenizer):
+def batch_and_model(tiny_qwen2_dir):
     """The mini-batch (π_old = the initial model's log-probs ± up to 0.8) and the plain HF model."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_with_tokenizer, attn_implementation="eager",
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, attn_implementation="eager",
                                                  torch_dtype=torch.float32)  # fmt: skip
     batch = padded_batch(N, seed=5)  # response tokens: 15 on rank 0, 26 on rank 1; micro-batches 9, 6 | 18, 8
     with torch.no_grad():
@@ -54,15 +54,11 @@ def response_log_probs(model, batch) -> torch.Tensor:
 def one_piece_gradient(model, batch, loss_mode: str) -> dict[str, torch.Tensor]:
     """∇ of verl's `ppo_loss` over the whole mini-batch in one call (one rank, one micro-batch)."""
     from verl.utils import tensordict_utils as tu
-    from verl.workers.config import ActorConfig
     from verl.workers.utils.losses import ppo_loss
 
-    from rpg.config import RPGPolicyLossConfig
-    from verl_batch import to_flat
+    from verl_batch import actor_config, to_flat
 
-    cfg = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=N, clip_ratio_low=0.2,
-                      clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode="token-mean",
-                      policy_loss=RPGPolicyLossConfig(loss_mode=loss_mode, kl_coef=KL_COEF))  # fmt: skip
+    cfg = actor_config(loss_mode, strategy="fsdp2", c=3.0, micro=N, kl_coef=KL_COEF)
     td = to_td(batch)
     tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=None, global_batch_size=None)
     model.zero_grad()
@@ -73,10 +69,10 @@ def one_piece_gradient(model, batch, loss_mode: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("loss_mode", LOSSES)
-def test_two_ranks_two_micro_batches_give_the_one_piece_gradient(two_ranks, tiny_model_with_tokenizer,
+def test_two_ranks_two_micro_batches_give_the_one_piece_gradient(two_ranks, tiny_qwen2_dir,
                                                                 batch_and_model, loss_mode):  # fmt: skip
     batch, model = batch_and_model
-    results = two_ranks.run(first_update_gradient, model_dir=tiny_model_with_tokenizer, batch=batch,
+    results = two_ranks.run(first_update_gradient, model_dir=tiny_qwen2_dir, batch=batch,
                             loss_mode=loss_mode, agg="token-mean", micro=MICRO, kl_coef=KL_COEF)  # fmt: skip
     total_tokens = int(batch["response_mask"].sum())
     for rank, result in enumerate(results):

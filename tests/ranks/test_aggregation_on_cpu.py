@@ -30,8 +30,7 @@ from verl.workers.config import ActorConfig
 from verl.workers.engine.utils import prepare_micro_batches
 from verl.workers.utils.losses import ppo_loss
 
-from rpg.config import RPGPolicyLossConfig
-from verl_batch import make_batch
+from verl_batch import actor_config, make_batch
 
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 LOSSES = ["rpg_rkl", "rpg_reinforce_urkl", "vanilla"]  # fully differentiable, REINFORCE-style, verl's own (control)
@@ -45,9 +44,8 @@ PROMPT_W, RESPONSE_W, VOCAB, DIM = 4, 9, 7, 5
 def config(loss_mode: str, agg: str) -> ActorConfig:
     # kl_coef large enough that the KL term matters (RPG losses only: verl's own refuse it); (0.2, 0.28, c=3) so every
     # dual-clip branch occurs
-    policy_loss = RPGPolicyLossConfig(loss_mode=loss_mode, **({"kl_coef": 0.2} if loss_mode.startswith("rpg") else {}))
-    return ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=2, clip_ratio_low=0.2,
-                       clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=agg, policy_loss=policy_loss)  # fmt: skip
+    return actor_config(loss_mode, strategy="fsdp2", c=3.0, agg=agg,
+                        **({"kl_coef": 0.2} if loss_mode.startswith("rpg") else {}))
 
 
 class SoftmaxPolicy:

@@ -25,21 +25,16 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-import pytest
 import torch
-from cpu_trainer import check_steps, ensure_tiny_model, run_cpu_recipe
+from cpu_trainer import check_steps, run_cpu_recipe
 
 SIZES = dict(CPU_RANKS="2", CPU_BATCH="4", CPU_N="4", CPU_SEED="0")  # 16 sequences per step, 8 per rank
-
-
-@pytest.fixture(scope="module")
-def tiny_dir():
-    return ensure_tiny_model()
+SMALL_VAL = ["data.val_max_samples=32"]  # validation on 32 of the 200 held-out prompts: only its steps are checked
 
 
 def test_periodic_reference_checkpoint_and_resume_on_two_ranks(tiny_dir, tmp_path):
     overrides = [
-        "trainer.val_before_train=False", "trainer.save_freq=2",
+        *SMALL_VAL, "trainer.val_before_train=False", "trainer.save_freq=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",  # 2 micro-batches per rank
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.0",
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
@@ -67,7 +62,7 @@ def test_periodic_reference_checkpoint_and_resume_on_two_ranks(tiny_dir, tmp_pat
 
 def test_schedule_free_with_the_iterative_kl_on_two_ranks(tiny_dir, tmp_path):
     overrides = [
-        "trainer.val_before_train=True", "trainer.save_freq=2", "trainer.resume_mode=disable",
+        *SMALL_VAL, "trainer.val_before_train=True", "trainer.save_freq=2", "trainer.resume_mode=disable",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",  # 2 micro-batches per rank and mini-batch
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
     ]

@@ -33,9 +33,9 @@ K_STEPS = 6
 
 
 @pytest.fixture(scope="module")
-def periodic_by_k(two_ranks, tiny_model_with_tokenizer, tmp_path_factory):
+def periodic_by_k(two_ranks, tiny_qwen2_dir, tmp_path_factory):
     ckpt = str(tmp_path_factory.mktemp("periodic_k") / "global_step_3" / "actor")
-    return two_ranks.run(periodic_refresh, model_dir=tiny_model_with_tokenizer, ckpt_dir=ckpt, refresh_steps=3,
+    return two_ranks.run(periodic_refresh, model_dir=tiny_qwen2_dir, ckpt_dir=ckpt, refresh_steps=3,
                          refresh_kl=0.0, steps=K_STEPS, save_at=3)  # fmt: skip
 
 
@@ -70,13 +70,13 @@ def test_checkpoint_and_resume_on_every_rank(periodic_by_k):
         assert out["resumed_ref_max_diff"] < 1e-6, f"rank {rank}: {out['resumed_ref_max_diff']}"
 
 
-def test_refresh_by_kl_threshold_is_a_joint_decision(periodic_by_k, two_ranks, tiny_model_with_tokenizer, tmp_path):
+def test_refresh_by_kl_threshold_is_a_joint_decision(periodic_by_k, two_ranks, tiny_qwen2_dir, tmp_path):
     # κ between the two ranks' local KLs of step 1 (the same weights and data as here): a rank-local criterion would
     # refresh exactly one of the two ranks
     first = [out["steps"][0]["local_kl"] for out in periodic_by_k]
     kappa = sum(first) / 2
     assert min(first) < kappa < max(first)
-    runs = two_ranks.run(periodic_refresh, model_dir=tiny_model_with_tokenizer, ckpt_dir=str(tmp_path / "unused"),
+    runs = two_ranks.run(periodic_refresh, model_dir=tiny_qwen2_dir, ckpt_dir=str(tmp_path / "unused"),
                          refresh_steps=0, refresh_kl=kappa, steps=4)  # fmt: skip
     r0, r1 = ([s["step"] for s in out["steps"] if s["ref_refreshed"]] for out in runs)
     assert r0 == r1, f"rank 0 refreshed at {r0}, rank 1 at {r1}"
@@ -89,9 +89,9 @@ def test_refresh_by_kl_threshold_is_a_joint_decision(periodic_by_k, two_ranks, t
 
 
 @pytest.fixture(scope="module")
-def sf_run(two_ranks, tiny_model_with_tokenizer, tmp_path_factory):
+def sf_run(two_ranks, tiny_qwen2_dir, tmp_path_factory):
     ckpt = str(tmp_path_factory.mktemp("sf") / "global_step_2" / "actor")
-    return two_ranks.run(schedule_free, model_dir=tiny_model_with_tokenizer, ckpt_dir=ckpt)
+    return two_ranks.run(schedule_free, model_dir=tiny_qwen2_dir, ckpt_dir=ckpt)
 
 
 def test_schedule_free_switches_every_rank_and_resumes_exactly(sf_run):

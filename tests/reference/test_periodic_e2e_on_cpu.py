@@ -15,13 +15,7 @@ Cost: about 1.5-2 minutes on 2 cores (one trainer start-up of ~40 s). Needs arti
 (rpg.tools.tiny_model, built once, ~80 s, reused).
 """
 
-import pytest
-from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
-
-
-@pytest.fixture(scope="module")
-def tiny_dir():
-    return ensure_tiny_model()
+from cpu_trainer import run_cpu_recipe, training_steps
 
 
 def test_periodic_reference_refreshes_inside_the_real_trainer(tiny_dir, tmp_path):
@@ -33,7 +27,7 @@ def test_periodic_reference_refreshes_inside_the_real_trainer(tiny_dir, tmp_path
         "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=2",
     ]
     records, text = run_cpu_recipe(tmp_path, "periodic", overrides, CPU_STEPS="3", CPU_BATCH="4", CPU_N="4",
-                                   CPU_TEST_FREQ="100", CPU_SEED="0")
+                                   CPU_TEST_FREQ="-1", CPU_SEED="0")  # no validation: nothing here checks it
     train = training_steps(records)
     assert sorted(train) == [1, 2, 3], f"logged steps {sorted(train)}"
 

@@ -22,36 +22,17 @@ PROMPTS = [[5, 6, 7, 9], [11, 9], [3, 4, 5, 6, 7, 8, 9], [20, 21, 22]]
 
 
 @pytest.fixture(scope="module")
-def make_worker(tmp_path_factory):
+def make_worker(tiny_qwen2_dir):
     os.environ.setdefault("VERL_PLATFORM", "cpu")
     if os.environ["VERL_PLATFORM"] != "cpu":
         pytest.skip("VERL_PLATFORM is set to another platform")
-    from rpg.cpu import platform as cpu_platform
+    from cpu_worker import compose, one_rank_env
 
-    cpu_platform.install()  # the periodic hooks are installed by the worker's own init_model (RPGPolicyLossConfig)
+    one_rank_env()  # the periodic hooks are installed by the worker's own init_model (RPGPolicyLossConfig)
     import rpg.cpu.hf_rollout  # noqa: F401  (registers rollout.name=hf, needed by the fused worker's init_model)
-
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    from tiny_qwen2 import save_random_qwen2
-
-    model_dir = save_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2_ref"))
-    vocab = {f"t{i}": i for i in range(48)}
-    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t3")), eos_token="t2",
-                            pad_token="t0", unk_token="t3").save_pretrained(model_dir)
-    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    from hydra import compose, initialize_config_module
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
-    overrides = [
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.use_remove_padding=False",
-        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.use_torch_compile=False",
+    config = compose(tiny_qwen2_dir, [
         f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI_BATCH}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MINI_BATCH}",
         "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
@@ -60,15 +41,11 @@ def make_worker(tmp_path_factory):
         "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
         "+actor_rollout_ref.actor.policy_loss.reference=periodic",
         f"+actor_rollout_ref.actor.policy_loss.ref_refresh_steps={K}",
-        f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={fp32}",
-        f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={fp32}",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "trainer.device=cpu", "trainer.n_gpus_per_node=1",
-    ]
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        config = compose("ppo_trainer", overrides=overrides)
+        "trainer.n_gpus_per_node=1",
+    ])  # fmt: skip
 
     def build():
         worker = ActorRolloutRefWorker(config.actor_rollout_ref.copy(), role="actor_rollout_ref")

@@ -18,14 +18,14 @@ import re
 
 import pytest
 import torch
-from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
+from cpu_trainer import run_cpu_recipe, training_steps
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tiny_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sf_e2e")
-    ensure_tiny_model()
-    extra = ["trainer.val_before_train=True", "trainer.save_freq=2", "trainer.resume_mode=disable",
+    extra = ["data.val_max_samples=32",  # validation on 32 of the 200 held-out prompts: only its steps are checked
+             "trainer.val_before_train=True", "trainer.save_freq=2", "trainer.resume_mode=disable",
              "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 optimizer steps per RL step (8 responses each)
              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
              "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]

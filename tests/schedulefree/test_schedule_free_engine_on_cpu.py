@@ -9,7 +9,6 @@ A spy policy loss (registered here as "sf_spy") records the per-token ratio log 
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -40,31 +39,11 @@ if "sf_spy" not in POLICY_LOSS_REGISTRY:
 BATCH, PROMPT, RESPONSE, MINI, MICRO = 4, 6, 5, 2, 1  # 2 mini-batches (optimizer steps) per RL step
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _new_worker(model_dir: str) -> sfm.ScheduleFreeActorRolloutRefWorker:
+    from cpu_worker import compose, one_rank_env
 
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from tiny_qwen2 import save_random_qwen2
-
-    return save_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2_sf"), max_position_embeddings=64)
-
-
-def _config(model_dir: str):
-    import verl
-    from hydra import compose, initialize_config_dir
-
-    overrides = [
-        f"actor_rollout_ref.model.path={model_dir}",
-        "actor_rollout_ref.model.use_remove_padding=False",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
-        "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.actor.use_torch_compile=False",
-        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+    one_rank_env()
+    config = compose(model_dir, [
         f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO}",
@@ -74,17 +53,8 @@ def _config(model_dir: str):
         "actor_rollout_ref.actor.optim.lr=1e-2",
         "actor_rollout_ref.actor.optim.weight_decay=0.1",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-        "trainer.device=cpu",
-    ]
-    with initialize_config_dir(os.path.join(os.path.dirname(verl.__file__), "trainer/config"), version_base=None):
-        return compose("ppo_trainer", overrides=overrides)
-
-
-def _new_worker(model_dir: str) -> sfm.ScheduleFreeActorRolloutRefWorker:
-    for k, v in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
-        os.environ.setdefault(k, v)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    worker = sfm.ScheduleFreeActorRolloutRefWorker(_config(model_dir).actor_rollout_ref, role="actor")
+    ])
+    worker = sfm.ScheduleFreeActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
     worker.init_model()
     return worker
 
@@ -163,11 +133,11 @@ class ModeSpy:
 
 
 @pytest.fixture(scope="module")
-def run(tiny_model_dir, tmp_path_factory):
+def run(tiny_qwen2_dir, tmp_path_factory):
     """One actor worker taken through: step 1, validation window, step 2, checkpoint, step 3; state recorded."""
-    worker = _new_worker(tiny_model_dir)
+    worker = _new_worker(tiny_qwen2_dir)
     sf = worker._schedule_free
-    rec = {"worker": worker, "model_dir": tiny_model_dir, "optimizer_type": type(worker.actor.engine.optimizer)}
+    rec = {"worker": worker, "model_dir": tiny_qwen2_dir, "optimizer_type": type(worker.actor.engine.optimizer)}
     rec["mode_after_init"] = sf.current
     rec["no_switch_before_first_step"] = (worker.set_schedule_free_weights(sfm.AVERAGE),
                                           worker.set_schedule_free_weights(sfm.ITERATE))

@@ -17,11 +17,9 @@ SF = ("actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",
 
 
 def _compose(*overrides):
-    import verl
-    from hydra import compose, initialize_config_dir
+    from cpu_worker import compose_ppo_trainer
 
-    with initialize_config_dir(os.path.join(os.path.dirname(verl.__file__), "trainer/config"), version_base=None):
-        return compose("ppo_trainer", overrides=list(overrides))
+    return compose_ppo_trainer(*overrides)
 
 
 def _optimizer(schedule_free: bool):

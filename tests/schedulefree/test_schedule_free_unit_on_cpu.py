@@ -4,7 +4,6 @@ config check."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -201,11 +200,9 @@ def test_trainer_is_registered_and_behaves_as_sync_trainer():
 
 
 def _compose(*overrides):
-    import verl
-    from hydra import compose, initialize_config_dir
+    from cpu_worker import compose_ppo_trainer
 
-    with initialize_config_dir(os.path.join(os.path.dirname(verl.__file__), "trainer/config"), version_base=None):
-        return compose("ppo_trainer", overrides=list(overrides))
+    return compose_ppo_trainer(*overrides)
 
 
 SF = ("actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",

@@ -9,35 +9,23 @@ latest_checkpointed_iteration.txt as the trainer does. No training step: the sav
 """
 
 import os
-import socket
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared cpu_worker helper
 
 
 def main(model_dir: str, root: str, step: int) -> None:
-    with socket.socket() as s:  # a free port for this process's one-rank process group
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(VERL_PLATFORM="cpu", WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    from rpg.cpu import platform as cpu_platform
+    from cpu_worker import compose, one_rank_env
 
-    cpu_platform.install()
-    from hydra import compose, initialize_config_module
+    one_rank_env()
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
-    overrides = [
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.use_remove_padding=False",
-        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.use_torch_compile=False",
+    config = compose(model_dir, [
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={fp32}",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.n=1",
-        "trainer.device=cpu", "trainer.n_gpus_per_node=1",
-    ]
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        config = compose("ppo_trainer", overrides=overrides)
+        "trainer.n_gpus_per_node=1",
+    ])  # fmt: skip
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
     worker.init_model()
     worker.save_checkpoint(os.path.join(root, f"global_step_{step}", "actor"), global_step=step)

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from cpu_trainer import ensure_tiny_model
 from rpg.tools import evaluate as ev
 
 HERE = Path(__file__).resolve().parent
@@ -39,8 +38,8 @@ def write_parquet(path, rows):
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return str(ensure_tiny_model() / "model")
+def tiny(tiny_dir):
+    return str(tiny_dir / "model")
 
 
 @pytest.fixture(scope="module")

@@ -35,18 +35,13 @@ import re
 from pathlib import Path
 
 import pytest
-from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
+from cpu_trainer import run_cpu_recipe, training_steps
 
 HERE = Path(__file__).resolve().parent
 GAP = "training/rollout_probs_diff_mean"
 SIZES = dict(CPU_ROLLOUT="vllm", CPU_BATCH="4", CPU_N="4", CPU_MINI_BATCH="2", CPU_SEED="0")
 SMALL_VAL = ["data.val_max_samples=32"]
 PROBE = dict(VERL_USE_EXTERNAL_MODULES="sync_probe", PYTHONPATH=str(HERE))
-
-
-@pytest.fixture(scope="module")
-def tiny_dir():
-    return ensure_tiny_model()
 
 
 def finite(value) -> bool:
@@ -97,7 +92,7 @@ def test_urkl_iterative_syncs_every_step(urkl):
 def test_resume_reaches_vllm_and_a_missing_sync_shows(urkl):
     tmp, _, _ = urkl
     records, console = run_cpu_recipe(tmp, "urkl_resume_stale", [*SMALL_VAL, "trainer.resume_mode=auto"],
-                                      CPU_STEPS="4", CPU_TEST_FREQ="4", RPG_TEST_SYNC="first-only", **PROBE,
+                                      CPU_STEPS="4", CPU_TEST_FREQ="-1", RPG_TEST_SYNC="first-only", **PROBE,
                                       **SIZES)  # fmt: skip
     train = training_steps(records)
     gap = gaps(train)
@@ -162,10 +157,11 @@ def test_dapo_filter_groups_schedulefree(tiny_dir, tmp_path):
                                       CPU_STEPS="3", CPU_TEST_FREQ="2", OPTIM="schedulefree", **PROBE,
                                       **sizes)  # fmt: skip
     train = training_steps(records)
-    print(f"\n[vllm dapo schedulefree] {GAP} per step: {gaps(train)}; evicted "
-          f"{[train[s]['training/filter_groups/evicted_samples'] for s in sorted(train)]}")
+    # verl logs the filter counts only at a step that evicted something: a step without them evicted nothing
+    evicted = {s: train[s].get("training/filter_groups/evicted_samples", 0) for s in sorted(train)}
+    print(f"\n[vllm dapo schedulefree] {GAP} per step: {gaps(train)}; evicted {evicted}")
     assert sorted(train) == [1, 2, 3]
-    assert sum(train[s]["training/filter_groups/evicted_samples"] for s in train) > 0, "no group was filtered"
+    assert sum(evicted.values()) > 0, "no group was filtered"
     for step, data in train.items():
         assert finite(data["actor/pg_loss"])
         assert data[GAP] < 1e-3, f"step {step}: rollouts must come from y ({data[GAP]})"

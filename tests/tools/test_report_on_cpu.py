@@ -168,8 +168,10 @@ def test_bad_inputs(report, tmp_path, capsys):
     (tmp_path / "x.wandb").write_bytes(b"garbage")
     with pytest.raises(report.ReportError, match="not a wandb transaction log"):
         report.load_runs([str(tmp_path / "x.wandb")])
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exc:
         report.main(["a.log", "--out", "o", "--k", "0"])
+    assert exc.value.code == 2  # argparse's usage error, naming the option, the value and the valid choices
+    assert "--k must be 'auto' or a positive integer, got '0'" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -68,9 +68,11 @@ def test_idempotent_and_deterministic(built, tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left behind
 
 
-def test_bad_target_is_named():
-    with pytest.raises(SystemExit):
+def test_bad_target_is_named(capsys):
+    with pytest.raises(SystemExit) as exc:
         mtm.parse_args(["--target", "0.6,0.2"])
+    assert exc.value.code == 2
+    assert "--target needs 0 <= LO <= HI <= 1, got '0.6,0.2'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("layout", ["user_folder", "user_file_in_own_build"])
@@ -112,6 +114,8 @@ def test_out_may_be_an_existing_empty_folder_but_not_a_file(tmp_path, capsys):
 
 def test_sigterm_during_the_build_removes_the_temporary_folder(tmp_path):
     """A real SIGTERM while the model trains: exit 143, neither the temporary folder nor a partial --out remains."""
+    import os
+    import select
     import signal
     import subprocess
     import sys
@@ -120,12 +124,16 @@ def test_sigterm_during_the_build_removes_the_temporary_folder(tmp_path):
     out = tmp_path / "tiny"
     cmd = [sys.executable, "-m", "rpg.tools.tiny_model", "--out", str(out)]
     cmd += ["--max-steps", "99999", "--eval-every", "99999"]  # SFT that runs until the signal
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not list(tmp_path.iterdir()) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    # the build announces its SFT warm-up once the temporary folder exists and the model is built: poll for it
+    printed, deadline = "", time.time() + 120
+    while "SFT warm-up" not in printed and proc.poll() is None and time.time() < deadline:
+        if select.select([proc.stdout], [], [], 0.2)[0]:
+            printed += proc.stdout.readline()
+    assert "SFT warm-up" in printed, f"the build never reached its SFT warm-up: {printed!r}"
     assert [p.name[:6] for p in tmp_path.iterdir()] == [".tiny."], "the build folder never appeared"
-    time.sleep(1.0)  # into the SFT loop
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
+    proc.stdout.close()
     assert list(tmp_path.iterdir()) == []
