@@ -14,16 +14,10 @@ import rpg.losses as L
 from rpg.config import RPGPolicyLossConfig
 from rpg.divergences import DIVERGENCES
 from rpg_oracles import DIVS, weight
+from verl_batch import actor_config
 
 RPG_NAMES = sorted(L.LOSSES)
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-
-
-def actor_config(loss_mode="rpg_urkl", low=0.2, high=0.28, c=10.0, **rpg):
-    return ActorConfig(
-        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2, clip_ratio_low=low, clip_ratio_high=high,
-        clip_ratio_c=c, policy_loss=RPGPolicyLossConfig(loss_mode=loss_mode, **rpg),
-    )  # fmt: skip
 
 
 def random_batch(seed=0, bs=8, T=12, spread=0.6, dtype=torch.float64):
