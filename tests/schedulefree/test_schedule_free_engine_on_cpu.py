@@ -138,8 +138,9 @@ def cpu_engine_env():
         for key in ONE_RANK_ENV:  # recorded here so that the context restores what one_rank_env() overwrites
             if key in os.environ:
                 mp.setenv(key, os.environ[key])
-            else:
-                mp.delenv(key, raising=False)
+            else:  # setenv records the absence (a delenv of an absent variable records nothing), then delenv
+                mp.setenv(key, "")
+                mp.delenv(key)
         mp.setenv("VERL_PLATFORM", "cpu")
         mp.setenv("VERL_ENGINE_DEVICE", "cuda")
         cpu_platform.install()
