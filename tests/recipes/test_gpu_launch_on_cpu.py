@@ -128,14 +128,27 @@ def test_cpu_runs_get_no_plan_line(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_dry_run_prints_the_plan_once(monkeypatch, capsys, tmp_path):
+    """`RPG_DRY_RUN=1 bash <7b script>` in-process through `rpg.launch.main` (Hydra's entry, as the shell runs it): the
+    shipped settings plan within 80 GiB, one plan line (the real shell path runs in the test below)."""
+    from rpg import launch
+
+    monkeypatch.setattr(sys, "argv", ["rpg.launch"])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RPG_DRY_RUN", "1")
+    monkeypatch.setenv("GPU_MEMORY_GIB", "80")
+    for name in ("RAY_ADDRESS", "SMOKE"):
+        monkeypatch.delenv(name, raising=False)
+    launch.main(overrides(RECIPE / "7b" / "run_dapo_7b.sh"))
+    out, err = capsys.readouterr()
+    assert out.strip() and err.count(PLAN_LINE) == 1, err[-3000:]
+    assert "[rpg] GPU memory plan (per GPU, Qwen/Qwen2.5-Math-7B, budget 80.0 GiB): rollout 76.3 GiB" in err
+
+
 def test_real_dry_run_prints_the_plan_once_and_refuses_over_budget(tmp_path):
-    """`RPG_DRY_RUN=1 bash <7b script>`: the shipped settings plan within 80 GiB; at 0.95 the dry run fails."""
+    """`RPG_DRY_RUN=1 bash <7b script> ...gpu_memory_utilization=0.95`: the plan once, and the dry run fails."""
     script = RECIPE / "7b" / "run_dapo_7b.sh"
     env = {"RPG_DRY_RUN": "1", "PYTHON": sys.executable, "GPU_MEMORY_GIB": "80"}
-    ok = run_script(script, **env)
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    assert ok.stderr.count(PLAN_LINE) == 1
-    assert "[rpg] GPU memory plan (per GPU, Qwen/Qwen2.5-Math-7B, budget 80.0 GiB): rollout 76.3 GiB" in ok.stderr
     over = run_script(script, "actor_rollout_ref.rollout.gpu_memory_utilization=0.95", **env)
     assert over.returncode != 0 and over.stdout == ""
     assert over.stderr.count(PLAN_LINE) == 1

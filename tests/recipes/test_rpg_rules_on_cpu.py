@@ -6,10 +6,11 @@ path."""
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 from omegaconf import OmegaConf, open_dict
-from recipe_helpers import RECIPE, run_script
+from recipe_helpers import RECIPE, overrides
 
 from rpg.launch import RecipeConfigError, compose_config, validate_rpg
 
@@ -91,11 +92,22 @@ def test_good_clip_settings_pass(base):
     assert validate_rpg(cfg_with(base, {ACTOR + "clip_ratio_low": 0.1, ACTOR + "clip_ratio_high": 5.0})) is not None
 
 
-def test_dry_run_refuses_a_bad_c():
-    proc = run_script(RECIPE / "cpu" / "run_rpg_reinforce_urkl.sh", "actor_rollout_ref.actor.clip_ratio_c=1.0",
-                      RPG_DRY_RUN="1")
-    assert proc.returncode != 0
-    assert "actor_rollout_ref.actor.clip_ratio_c=1.0" in proc.stderr
+def test_dry_run_refuses_a_bad_c(monkeypatch, capsys, tmp_path):
+    """`RPG_DRY_RUN=1 bash <cpu script> actor_rollout_ref.actor.clip_ratio_c=1.0`, in-process through `rpg.launch.main`
+    (Hydra's entry, as the shell runs it; the shell -> python refusal path itself runs for real in
+    test_gpu_launch_on_cpu.py::test_real_dry_run_prints_the_plan_once_and_refuses_over_budget)."""
+    from rpg import launch
+
+    monkeypatch.setattr(sys, "argv", ["rpg.launch"])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RPG_DRY_RUN", "1")
+    for name in ("RAY_ADDRESS", "SMOKE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as info:
+        launch.main([*overrides(RECIPE / "cpu" / "run_rpg_reinforce_urkl.sh"), "actor_rollout_ref.actor.clip_ratio_c=1.0"])
+    out, err = capsys.readouterr()
+    assert info.value.code not in (0, None) and out == ""
+    assert "actor_rollout_ref.actor.clip_ratio_c=1.0" in f"{err}{info.value.code}"
 
 
 # ---- options without effect ------------------------------------------------------------------------------------------

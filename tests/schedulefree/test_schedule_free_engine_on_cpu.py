@@ -14,15 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-os.environ.setdefault("VERL_PLATFORM", "cpu")
-os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
-
-from rpg.cpu import platform as cpu_platform  # noqa: E402
-
-cpu_platform.install()
-
-import rpg.schedule_free as sfm  # noqa: E402
-from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn, register_policy_loss  # noqa: E402
+import rpg.schedule_free as sfm
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn, register_policy_loss
 
 SPY_CALLS: list[torch.Tensor] = []
 
@@ -133,7 +126,29 @@ class ModeSpy:
 
 
 @pytest.fixture(scope="module")
-def run(tiny_qwen2_dir, tmp_path_factory):
+def cpu_engine_env():
+    """The CPU platform (VERL_PLATFORM=cpu, VERL_ENGINE_DEVICE=cuda: verl's FSDP engine on CPU) and the one-rank
+    variables `cpu_worker.one_rank_env` sets, for this module's tests only: every variable is restored afterwards,
+    so nothing leaks into the rest of the session (it did from collection on when set at import time)."""
+    from cpu_worker import ONE_RANK_ENV
+
+    from rpg.cpu import platform as cpu_platform
+
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ONE_RANK_ENV:  # recorded here so that the context restores what one_rank_env() overwrites
+            if key in os.environ:
+                mp.setenv(key, os.environ[key])
+            else:  # setenv records the absence (a delenv of an absent variable records nothing), then delenv
+                mp.setenv(key, "")
+                mp.delenv(key)
+        mp.setenv("VERL_PLATFORM", "cpu")
+        mp.setenv("VERL_ENGINE_DEVICE", "cuda")
+        cpu_platform.install()
+        yield
+
+
+@pytest.fixture(scope="module")
+def run(cpu_engine_env, tiny_qwen2_dir, tmp_path_factory):
     """One actor worker taken through: step 1, validation window, step 2, checkpoint, step 3; state recorded."""
     worker = _new_worker(tiny_qwen2_dir)
     sf = worker._schedule_free
