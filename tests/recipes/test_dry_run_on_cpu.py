@@ -417,7 +417,8 @@ def _bad():
         (["actor_rollout_ref.actor.loss_agg_mode=token_mean"], InstantiationException, "token_mean"),
         (["+reward.reward_kwargs.overlong_buffer_cfg.lenght=3"], RecipeConfigError, "lenght"),
         (["reward.reward_manager.name=dapoo"], RecipeConfigError, "dapoo"),
-        (["algorithm.rollout_correction.bypass_mode=True"], RecipeConfigError, "bypass_mode"),
+        (["algorithm.rollout_correction.bypass_mode=True", "trainer.use_v1=False"], RecipeConfigError,
+         "bypass_mode"),
         (["+actor_rollout_ref.model.override_config_typo=1"], ConfigKeyError, "override_config_typo"),
     ]  # fmt: skip
 

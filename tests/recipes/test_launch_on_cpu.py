@@ -108,11 +108,28 @@ def test_invalid_rpg_values_fail(base, key, value, needle):
     assert needle in f"{info.value} {info.value.__cause__!r}"
 
 
-def test_bypass_mode_is_refused(base):
-    cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True)
+def test_bypass_mode_is_refused_in_the_legacy_trainer(base):
+    cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True, trainer__use_v1=False)
     with pytest.raises(RecipeConfigError) as info:
         validate_rpg(cfg)
     assert BYPASS_ERROR in str(info.value)
+    assert "trainer.use_v1=False" in str(info.value)
+
+
+def test_bypass_mode_is_accepted_in_the_v1_trainer(base):
+    """The v1 trainer copies the rollout's log-probs into old_log_probs and leaves loss_mode alone
+    (docs/async.md#bypass): the RPG loss runs with π_old := μ."""
+    cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True, trainer__use_v1=True)
+    assert isinstance(validate_rpg(cfg), RPGPolicyLossConfig)
+
+
+@pytest.mark.parametrize("key, value", [("rollout_is", "token"), ("rollout_rs", "token_k1")])
+def test_bypass_mode_with_rollout_correction_is_refused(base, key, value):
+    """verl's v1 trainer skips the rollout correction in bypass: the weights / rejection would be silently ignored."""
+    cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True,
+                   **{f"algorithm__rollout_correction__{key}": value})
+    with pytest.raises(RecipeConfigError, match=f"rollout_correction.{key}={value!r}.*silently ignored"):
+        validate_rpg(cfg)
 
 
 def test_kl_in_reward_is_refused(base):
@@ -152,6 +169,7 @@ def test_all_violations_are_reported_together(base):
         base,
         algorithm__use_kl_in_reward=True,
         algorithm__rollout_correction__bypass_mode=True,
+        trainer__use_v1=False,
         **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 1e-3},
     )
     with pytest.raises(RecipeConfigError) as info:
