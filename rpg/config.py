@@ -14,8 +14,8 @@ here; the reference implementation's behaviour is available through the document
 
 Building the config validates every field and, against the loss table (`rpg.loss_table.LOSSES`), refuses an option
 that cannot change the chosen loss or reference mode (`ineffective_options`) and bypass mode of the legacy trainer for
-an RPG loss. It then
-calls the hooks registered with `on_build`; this module patches nothing itself. `rpg.reference` registers its
+an RPG loss. It then calls the hooks registered with `on_build`;
+this module patches nothing itself. `rpg.reference` registers its
 installer there (what the settings need from verl: nothing for the iterative reference), and every verl process
 imports `rpg.reference` through the plugin entry point (`rpg.verl_plugin`). The launcher builds the config at compose
 time and verl builds it in every actor worker (`ActorRolloutRefWorker.init_model`), so the checks and the
