@@ -157,11 +157,24 @@ def _rule_periodic_state_reachable(config: DictConfig, settings) -> Optional[str
     )
 
 
+def _rule_periodic_not_separate_async(config: DictConfig, settings) -> Optional[str]:
+    mode = (config.trainer.get("v1", None) or {}).get("trainer_mode", "sync")
+    if settings.reference != "periodic" or mode != "separate_async":
+        return None
+    return (
+        "policy_loss.reference=periodic with trainer.v1.trainer_mode=separate_async (recipe knob TRAINER_MODE): "
+        "untested: separate_async replaces the actor worker by verl's DetachActorWorker and updates once per "
+        "mini-batch, which the periodic reference's worker hooks were not written for. Fix: TRAINER_MODE="
+        "colocate_async (measured working with the periodic reference) or sync, or reference=iterative/frozen"
+    )
+
+
 RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
     _rule_bypass,
     _rule_no_kl_in_reward,
     _rule_reference_model,
     _rule_periodic_state_reachable,
+    _rule_periodic_not_separate_async,
 )
 
 
@@ -182,6 +195,7 @@ def validate_rpg(config: DictConfig):
     * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
       `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
     * `reference=periodic` on several nodes ⇒ the checkpoint folder is declared shared (`RPG_SHARED_CKPT=1`);
+    * `reference=periodic` ⇒ not `trainer.v1.trainer_mode=separate_async` (untested there);
     * building the RPG config installs the `ref_log_prob` adapter (and for `periodic` the worker hooks) when the
       settings need them: on a verl version or signature they were not written for, that fails here, naming both.
     """
