@@ -1,6 +1,7 @@
 """Recipe rules that are not RPG-specific: settings verl would reject late (inside a Ray worker) or silently ignore
 (dynamic-sampling trainer, reward manager and score function, DAPO overlong buffer, resume settings, run names, the
-chat template's `enable_thinking`, what separate_async asserts), plus the launch inputs of `rpg.preflight.inputs` that are checked as rules."""
+chat template's `enable_thinking`, what separate_async asserts), plus the launch inputs of `rpg.preflight.inputs`
+that are checked as rules."""
 
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def _rule_separate_async(config: DictConfig) -> Optional[str]:
         )
     rollout, problems = config.actor_rollout_ref.rollout, []
     if int(rollout.nnodes) <= 0:
-        problems.append(f"actor_rollout_ref.rollout.nnodes={rollout.nnodes} (set the standalone rollout pool: nodes > 0)")
+        problems.append(f"actor_rollout_ref.rollout.nnodes={rollout.nnodes} (the standalone rollout pool: nodes > 0)")
     if int(rollout.n_gpus_per_node) <= 0:
         problems.append(f"actor_rollout_ref.rollout.n_gpus_per_node={rollout.n_gpus_per_node} (set GPUs per node > 0)")
     backend = rollout.checkpoint_engine.backend

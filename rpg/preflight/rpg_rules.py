@@ -1,6 +1,7 @@
 """The RPG loss rules: what a composed config must satisfy for the plugin's losses (registered names, usable clip
 fields, the `RPGPolicyLossConfig` target and its fields, bypass mode only in the v1 trainer, no in-reward KL, the
-reference model exactly when the loss or the reference mode needs one, the periodic reference not in separate_async). Driven by the loss table (`rpg.loss_table`)."""
+reference model exactly when the loss or the reference mode needs one, the periodic reference not in separate_async).
+Driven by the loss table (`rpg.loss_table`)."""
 
 from __future__ import annotations
 

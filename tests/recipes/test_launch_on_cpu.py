@@ -342,7 +342,8 @@ def test_async_without_rollout_is_is_flagged_as_uncorrected(base):
     assert async_correction_warning(base) is None  # sync
     warning = async_correction_warning(cfg_with(base, trainer__v1__trainer_mode="colocate_async"))
     assert "uncorrected" in warning and "docs/async.md#no-correction" in warning
-    corrected = cfg_with(base, trainer__v1__trainer_mode="colocate_async", algorithm__rollout_correction__rollout_is="token")
+    corrected = cfg_with(base, trainer__v1__trainer_mode="colocate_async",
+                         algorithm__rollout_correction__rollout_is="token")
     assert async_correction_warning(corrected) is None
     bypass = cfg_with(base, trainer__v1__trainer_mode="colocate_async", algorithm__rollout_correction__bypass_mode=True)
     assert async_correction_warning(bypass) is None  # π_old := μ: exact for its own anchor (docs/async.md#bypass)
