@@ -246,7 +246,8 @@ def markdown() -> str:
     for k in KNOBS:
         default = "(not passed)" if k.default is None else ("(empty)" if k.default == "" else f"`{k.default}`")
         key = f"`{k.key}`" if k.key else ""
-        rows.append(f"| `{k.name}`{' (script)' if k.script else ''} | {default} | {key} | {k.meaning} |")
+        meaning = k.meaning.replace("|", "\\|")  # a literal | inside a table cell
+        rows.append(f"| `{k.name}`{' (script)' if k.script else ''} | {default} | {key} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 
