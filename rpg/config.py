@@ -13,8 +13,9 @@ here; the reference implementation's behaviour is available through the document
 "Differences from the authors' code").
 
 Building the config validates every field and, against the loss table (`rpg.loss_table.LOSSES`), refuses an option
-that cannot change the chosen loss or reference mode (`ineffective_options`) and bypass mode for an RPG loss. It then
-calls the hooks registered with `on_build`; this module patches nothing itself. `rpg.reference` registers its
+that cannot change the chosen loss or reference mode (`ineffective_options`) and bypass mode of the legacy trainer for
+an RPG loss. It then calls the hooks registered with `on_build`;
+this module patches nothing itself. `rpg.reference` registers its
 installer there (what the settings need from verl: nothing for the iterative reference), and every verl process
 imports `rpg.reference` through the plugin entry point (`rpg.verl_plugin`). The launcher builds the config at compose
 time and verl builds it in every actor worker (`ActorRolloutRefWorker.init_model`), so the checks and the
@@ -175,15 +176,18 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
 
 
 BYPASS_ERROR = (
-    "RPG losses cannot run with algorithm.rollout_correction.bypass_mode=True: bypass mode replaces the actor's "
-    "old log-probs by the rollout engine's (and the legacy trainer overwrites policy_loss.loss_mode with "
-    "'bypass_mode'), so the RPG loss would silently not be the one you selected. Use decoupled mode "
-    "(bypass_mode=False) with algorithm.rollout_correction.rollout_is=token for TIS weights."
+    "RPG losses cannot run with algorithm.rollout_correction.bypass_mode=True in verl's legacy trainer "
+    "(trainer.use_v1=False): its apply_bypass_mode overwrites policy_loss.loss_mode with 'bypass_mode', so the RPG "
+    "loss would silently not be the one you selected. Use the v1 trainer (trainer.use_v1=True, verl's default), where "
+    "bypass mode takes π_old from the rollout's log-probs and the RPG loss runs (docs/async.md#bypass), or decoupled "
+    "mode (bypass_mode=False) with algorithm.rollout_correction.rollout_is=token for TIS weights."
 )
 
 
 def bypass_error(rollout_correction: Any) -> Optional[str]:
-    """BYPASS_ERROR if verl's rollout-correction settings select bypass mode (for an RPG loss), else None."""
+    """BYPASS_ERROR if verl's rollout-correction settings select bypass mode, else None. Used where bypass can only
+    come from the legacy trainer: there `apply_bypass_mode` copies the settings into `policy_loss.rollout_correction`
+    (and rewrites loss_mode); the v1 trainer never does (the launcher's rule reads `trainer.use_v1`)."""
     return BYPASS_ERROR if (rollout_correction or {}).get("bypass_mode", False) else None
 
 

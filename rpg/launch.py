@@ -57,6 +57,7 @@ from rpg.preflight.recipe_rules import (  # noqa: F401
     OVERLONG_BUFFER_KEYS,
     RECIPE_RULES,
     THINKING_KEY,
+    async_correction_warning,
     chat_template_summary,
     validate_recipe,
 )
@@ -137,6 +138,8 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     dry_run = dry_run_requested()
     validated = validate(config, real_launch=not dry_run)
     print(chat_template_summary(config), file=sys.stderr)
+    if warning := async_correction_warning(config):  # asynchronous without TIS weights: docs/async.md#no-correction
+        print(warning, file=sys.stderr)
     # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
     check_gpu_launch(config, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))
     if smoke_run is not None:

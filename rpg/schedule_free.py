@@ -411,6 +411,8 @@ def check_config(config: Any) -> bool:
             f"{'trainer.use_v1=False' if not use_v1 else f'trainer.v1.trainer_mode={mode}'}: set trainer.use_v1=True "
             f"and trainer.v1.trainer_mode={TRAINER_MODE} (rollouts, old_log_prob and updates at y, validation and "
             f"the HF export at the average x), e.g. with OPTIM=schedulefree"
+            + (f"; schedule-free has no asynchronous trainer mode, so {mode} is not possible with it"
+               if mode in ("colocate_async", "separate_async") else "")
         )
     if trainer_is_sf and not optimizer_is_sf:
         raise ValueError(

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipe" / "rpg" / "cpu"
 TINY = ROOT / "artifacts" / "tiny"
 # knobs a developer may have exported that must not leak into a test run
-_DROP = ("RAY_ADDRESS", "RPG_DRY_RUN", "RPG_PRINT_ARGV", "VERL_USE_EXTERNAL_MODULES", "CPU_ROLLOUT", "CPU_DTYPE")
+_DROP = ("RAY_ADDRESS", "RPG_DRY_RUN", "RPG_PRINT_ARGV", "VERL_USE_EXTERNAL_MODULES", "CPU_ROLLOUT", "CPU_DTYPE", "SMOKE",
+         "RPG_SMOKE_DIR", "OLD_LOGPROB", "TRAINER_MODE")
 
 
 def ensure_tiny_model() -> Path:

@@ -13,6 +13,8 @@
 #
 # Environment knobs (all optional):
 #   MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME
+#   OLD_LOGPROB   recompute (default) | rollout: π_old from the rollout's log-probs (bypass, docs/async.md#knobs)
+#   TRAINER_MODE  sync (default) | colocate_async | separate_async: verl's v1 trainer mode (docs/async.md#knobs)
 #   PYTHON        the interpreter (GPU: python3 from your environment; CPU profile: the repository's .venv if present)
 #   Paths are taken literally (spaces and any other character included). TRAIN_FILE and TEST_FILE hold one path, or
 #   several one per line (TEST_FILE="$(ls /data/val/*.parquet)"), or a Hydra list as verl's own scripts write it

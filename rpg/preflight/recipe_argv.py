@@ -57,6 +57,11 @@ KNOBS = (
          "periodic reference: K optimizer steps between refreshes"),
     Knob("REF_REFRESH_KL", None, "+actor_rollout_ref.actor.policy_loss.ref_refresh_kl",
          "periodic reference: refresh when the token-KL moving average exceeds κ"),
+    Knob("OLD_LOGPROB", "recompute", "algorithm.rollout_correction.bypass_mode",
+         "π_old: recompute (the paper's: the actor's forward before the update) | rollout (bypass_mode=True: the "
+         "rollout's log-probs, no forward; docs/async.md#knobs)"),
+    Knob("TRAINER_MODE", "sync", "trainer.v1.trainer_mode",
+         "verl's v1 trainer: sync (the paper's) | colocate_async | separate_async (docs/async.md#knobs)"),
     # ---- script knobs (set by setup_*, preset_* and the scripts; defaults = the paper's RPG setup)
     Knob("CTX", "2", "", "context in K tokens: max prompt = max response = CTX*1024 (paper App. H)", True),
     Knob("PROMPT_LEN", "", "data.max_prompt_length", "override the prompt length (default CTX*1024)", True),
@@ -91,6 +96,23 @@ KNOB_NAMES = tuple(k.name for k in KNOBS)
 
 class KnobError(ValueError):
     """A knob value that cannot build a command (the shell prints it and exits 2)."""
+
+
+#: Knobs with a fixed set of values: name -> {value: Hydra overrides} (the default's: none, the config's default).
+CHOICES: Dict[str, Dict[str, List[str]]] = {
+    "OLD_LOGPROB": {"recompute": [], "rollout": ["algorithm.rollout_correction.bypass_mode=True"]},
+    "TRAINER_MODE": {m: [] if m == "sync" else [f"trainer.v1.trainer_mode={m}"]
+                     for m in ("sync", "colocate_async", "separate_async")},
+}  # fmt: skip
+
+
+def _choice(knobs: Dict[str, str], name: str) -> List[str]:
+    """The overrides of a knob with fixed values (CHOICES); a value outside them is a KnobError listing them."""
+    default = next(k.default for k in KNOBS if k.name == name)
+    value = knobs.get(name) or default
+    if value not in CHOICES[name]:
+        raise KnobError(f"{name}='{value}' is not valid; choose one of: {' '.join(CHOICES[name])}")
+    return CHOICES[name][value]
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -188,6 +210,8 @@ def build_overrides(knobs: Dict[str, str], repo: str, script: str) -> List[str]:
         f"trainer.n_gpus_per_node={get('N_GPUS', '8')}",
         f"trainer.default_local_dir={hydra_str(get('CKPTS_DIR', f'{repo}/ckpts/{project}/{exp_name}'))}",
     ]
+    # π_old and the trainer mode (docs/async.md#knobs): nothing passed at the defaults (recompute, sync)
+    common += _choice(knobs, "OLD_LOGPROB") + _choice(knobs, "TRAINER_MODE")
     if get("GPU_MEMORY_UTILIZATION"):  # vLLM's memory pool (docs/gpu.md#memory-plan)
         common.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={get('GPU_MEMORY_UTILIZATION')}")
     if get("ENABLE_THINKING"):  # chat template of training and validation prompts (dataset and agent loop read it)
@@ -222,7 +246,8 @@ def markdown() -> str:
     for k in KNOBS:
         default = "(not passed)" if k.default is None else ("(empty)" if k.default == "" else f"`{k.default}`")
         key = f"`{k.key}`" if k.key else ""
-        rows.append(f"| `{k.name}`{' (script)' if k.script else ''} | {default} | {key} | {k.meaning} |")
+        meaning = k.meaning.replace("|", "\\|")  # a literal | inside a table cell
+        rows.append(f"| `{k.name}`{' (script)' if k.script else ''} | {default} | {key} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 
@@ -255,6 +280,13 @@ def parse(argv: List[str]) -> dict:
 
 def command(spec: dict) -> List[str]:
     overrides = build_overrides(spec["knobs"], spec["repo"], spec["script"])
+    mode = spec["knobs"].get("TRAINER_MODE") or "sync"
+    if mode != "sync" and any(o.startswith("trainer.v1.trainer_mode=") for o in spec["optim"]):
+        raise KnobError(
+            f"TRAINER_MODE='{mode}' with OPTIM=schedulefree: schedule-free AdamW runs in its own synchronous trainer "
+            f"mode (schedule_free_sync), and there is no asynchronous one. Fix: unset TRAINER_MODE (sync), or use "
+            f"OPTIM=adamw for {mode}"
+        )
     return [spec["python"], "-m", "rpg.launch", *overrides, *spec["profile"], *spec["optim"],
             *spec["script_overrides"], *spec["args"]]  # fmt: skip
 

@@ -1,6 +1,7 @@
 """Recipe rules that are not RPG-specific: settings verl would reject late (inside a Ray worker) or silently ignore
 (dynamic-sampling trainer, reward manager and score function, DAPO overlong buffer, resume settings, run names, the
-chat template's `enable_thinking`), plus the launch inputs of `rpg.preflight.inputs` that are checked as rules."""
+chat template's `enable_thinking`, what separate_async asserts), plus the launch inputs of `rpg.preflight.inputs`
+that are checked as rules."""
 
 from __future__ import annotations
 
@@ -134,6 +135,66 @@ def _rule_fsdp2_for_tested_features(config: DictConfig) -> Optional[str]:
     )
 
 
+ASYNC_MODES = ("colocate_async", "separate_async")
+
+
+def _trainer_mode(config: DictConfig) -> str:
+    """verl's v1 trainer mode (`trainer.v1.trainer_mode`, recipe knob TRAINER_MODE); 'legacy' with use_v1=False."""
+    if not config.trainer.get("use_v1", True):
+        return "legacy"
+    return str((config.trainer.get("v1", None) or {}).get("trainer_mode", "sync"))
+
+
+def _rule_separate_async(config: DictConfig) -> Optional[str]:
+    """verl's separate_async asserts inside its trainer (a Ray actor) what is checked here before launch: a rollout
+    pool of its own, a checkpoint engine other than `naive`, one weight sync per `parameter_sync_step` mini-batches;
+    and on CPU no checkpoint engine runs at all (docs/async.md#knobs)."""
+    if _trainer_mode(config) != "separate_async":
+        return None
+    if str(config.trainer.get("device", "cuda")) == "cpu":
+        return (
+            "trainer.v1.trainer_mode=separate_async (recipe knob TRAINER_MODE) with the CPU profile: no checkpoint "
+            "engine runs on CPU: verl registers only `naive`, which separate_async refuses; nccl/nixl/mooncake/kimi/"
+            "delta_sharded need cupy or GPU libraries. The nearest working configuration is TRAINER_MODE="
+            "colocate_async (docs/async.md#knobs)"
+        )
+    rollout, problems = config.actor_rollout_ref.rollout, []
+    if int(rollout.nnodes) <= 0:
+        problems.append(f"actor_rollout_ref.rollout.nnodes={rollout.nnodes} (the standalone rollout pool: nodes > 0)")
+    if int(rollout.n_gpus_per_node) <= 0:
+        problems.append(f"actor_rollout_ref.rollout.n_gpus_per_node={rollout.n_gpus_per_node} (set GPUs per node > 0)")
+    backend = rollout.checkpoint_engine.backend
+    if backend == "naive":
+        problems.append(
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend!r} (the weight sync to the standalone "
+            f"rollout needs nccl, nixl, mooncake, ...)"
+        )
+    batch, mini = int(config.data.train_batch_size), int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+    sync_step = int(config.trainer.v1.separate_async.parameter_sync_step)
+    if batch != sync_step * mini:
+        problems.append(
+            f"data.train_batch_size={batch} must equal trainer.v1.separate_async.parameter_sync_step={sync_step} × "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}"
+        )
+    if not problems:
+        return None
+    return "trainer.v1.trainer_mode=separate_async (recipe knob TRAINER_MODE) needs: " + "; ".join(problems)
+
+
+def async_correction_warning(config: DictConfig) -> Optional[str]:
+    """A warning line for an asynchronous trainer mode without TIS weights (decoupled mode, `rollout_is` unset): the
+    stale samples are used as if π_old had drawn them (docs/async.md#no-correction); None otherwise."""
+    mode = _trainer_mode(config)
+    corr = config.algorithm.get("rollout_correction", None) or {}
+    if mode not in ASYNC_MODES or corr.get("bypass_mode", False) or corr.get("rollout_is", None) is not None:
+        return None
+    return (
+        f"[rpg] warning: trainer.v1.trainer_mode={mode} without algorithm.rollout_correction.rollout_is: stale samples "
+        f"are used as if π_old had drawn them, the uncorrected, biased case (docs/async.md#no-correction); "
+        f"algorithm.rollout_correction.rollout_is=token adds the TIS weights"
+    )
+
+
 THINKING_KEY = "data.apply_chat_template_kwargs.enable_thinking"
 
 
@@ -171,6 +232,7 @@ RECIPE_RULES: tuple[Callable[[DictConfig], Optional[str]], ...] = (
     _rule_resume_settings,
     _rule_run_names,
     _rule_fsdp2_for_tested_features,
+    _rule_separate_async,
     _rule_context_fits_model,
     _rule_data_sources_scored,
 )
@@ -178,8 +240,8 @@ RECIPE_RULES: tuple[Callable[[DictConfig], Optional[str]], ...] = (
 
 def validate_recipe(config: DictConfig) -> None:
     """Recipe rules verl does not check up front (the chat template's `enable_thinking`, dynamic-sampling trainer,
-    reward manager and score function, DAPO overlong buffer, resume settings, run names, context length vs the model,
-    a scorer for every data source and ground truth of the local data files)."""
+    reward manager and score function, DAPO overlong buffer, resume settings, run names, separate_async's settings,
+    context length vs the model, a scorer for every data source and ground truth of the local data files)."""
     errors = [msg for rule in RECIPE_RULES if (msg := rule(config))]
     if errors:
         raise RecipeConfigError("invalid recipe configuration:\n- " + "\n- ".join(errors))

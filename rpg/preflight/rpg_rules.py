@@ -1,6 +1,7 @@
 """The RPG loss rules: what a composed config must satisfy for the plugin's losses (registered names, usable clip
-fields, the `RPGPolicyLossConfig` target and its fields, no bypass mode, no in-reward KL, the reference model exactly
-when the loss or the reference mode needs one). Driven by the loss table (`rpg.loss_table`)."""
+fields, the `RPGPolicyLossConfig` target and its fields, bypass mode only in the v1 trainer, no in-reward KL, the
+reference model exactly when the loss or the reference mode needs one, the periodic reference not in separate_async).
+Driven by the loss table (`rpg.loss_table`)."""
 
 from __future__ import annotations
 
@@ -77,9 +78,26 @@ def _rpg_policy_loss(config: DictConfig):
 
 
 def _rule_bypass(config: DictConfig, settings) -> Optional[str]:
+    """Bypass mode (π_old := μ, docs/async.md#bypass) runs the RPG loss in the v1 trainer only; there it skips the
+    rollout correction, so TIS weights or rejection sampling set next to it would be silently ignored."""
     from rpg.config import bypass_error
 
-    return bypass_error(config.algorithm.get("rollout_correction", None))
+    corr = config.algorithm.get("rollout_correction", None) or {}
+    if not corr.get("bypass_mode", False):
+        return None
+    if not config.trainer.get("use_v1", True):
+        return bypass_error(corr)
+    ignored = [f"algorithm.rollout_correction.{key}={corr.get(key)!r}" for key in ("rollout_is", "rollout_rs")
+               if corr.get(key, None) is not None]  # fmt: skip
+    if ignored:
+        return (
+            f"algorithm.rollout_correction.bypass_mode=True (recipe knob OLD_LOGPROB=rollout) with "
+            f"{' and '.join(ignored)}: verl's v1 trainer skips the rollout correction in bypass mode (π_old is the "
+            f"rollout's μ, the weights would be μ/μ ≡ 1), so this would be silently ignored. Fix: remove "
+            f"{' and '.join(k.split('=')[0] for k in ignored)} (set null), or keep the correction and recompute π_old "
+            f"(bypass_mode=False, OLD_LOGPROB=recompute; docs/async.md#bypass)"
+        )
+    return None
 
 
 def _rule_no_kl_in_reward(config: DictConfig, settings) -> Optional[str]:
@@ -140,11 +158,24 @@ def _rule_periodic_state_reachable(config: DictConfig, settings) -> Optional[str
     )
 
 
+def _rule_periodic_not_separate_async(config: DictConfig, settings) -> Optional[str]:
+    mode = (config.trainer.get("v1", None) or {}).get("trainer_mode", "sync")
+    if settings.reference != "periodic" or mode != "separate_async":
+        return None
+    return (
+        "policy_loss.reference=periodic with trainer.v1.trainer_mode=separate_async (recipe knob TRAINER_MODE): "
+        "untested: separate_async replaces the actor worker by verl's DetachActorWorker and updates once per "
+        "mini-batch, which the periodic reference's worker hooks were not written for. Fix: TRAINER_MODE="
+        "colocate_async (measured working with the periodic reference) or sync, or reference=iterative/frozen"
+    )
+
+
 RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
     _rule_bypass,
     _rule_no_kl_in_reward,
     _rule_reference_model,
     _rule_periodic_state_reachable,
+    _rule_periodic_not_separate_async,
 )
 
 
@@ -158,12 +189,14 @@ def validate_rpg(config: DictConfig):
       ε2 > 0, c > 1 (verl itself checks c only inside the loss, at the first update);
     * RPG loss ⇒ `policy_loss._target_` is `rpg.RPGPolicyLossConfig` and its fields are valid, including that no
       option is set that cannot change this loss or reference mode (`rpg.config.ineffective_options`);
-    * RPG loss ⇒ `algorithm.rollout_correction.bypass_mode=False` (rpg.config.BYPASS_ERROR);
+    * RPG loss with `algorithm.rollout_correction.bypass_mode=True` ⇒ the v1 trainer (rpg.config.BYPASS_ERROR) and
+      no `rollout_is`/`rollout_rs` (the v1 trainer skips the correction in bypass: they would be ignored);
     * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (docs/differences.md#d2);
     * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
     * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
       `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
     * `reference=periodic` on several nodes ⇒ the checkpoint folder is declared shared (`RPG_SHARED_CKPT=1`);
+    * `reference=periodic` ⇒ not `trainer.v1.trainer_mode=separate_async` (untested there);
     * building the RPG config installs the `ref_log_prob` adapter (and for `periodic` the worker hooks) when the
       settings need them: on a verl version or signature they were not written for, that fails here, naming both.
     """

@@ -1,24 +1,28 @@
 """RPG where off-policy matters: bypass mode and verl's colocated asynchronous trainer, end to end on CPU.
 
 Two launches of `recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` (the project's launcher, the CPU profile, the tiny model,
-the `hf` rollout), 2 training steps each, 4 prompts × 4 responses, validation after the last step
-(docs/async.md#bypass, docs/async.md#modes):
+the `hf` rollout) through the recipe knobs OLD_LOGPROB and TRAINER_MODE (docs/async.md#knobs), 2 training steps each,
+validation after the last step (docs/async.md#bypass, docs/async.md#modes):
 
-* **bypass** (sync trainer, `algorithm.rollout_correction.bypass_mode=True`, one mini-batch per step): π_old is the
-  rollout's log-probs, so verl skips the actor's old-log-prob forward (its products, `actor/entropy` and
+* **bypass** (`SMOKE=1 OLD_LOGPROB=rollout`: the sync trainer with `algorithm.rollout_correction.bypass_mode=True`, as
+  a smoke run, so one launch also checks SMOKE=1 on CPU: 2 steps on the rank-filling batch, one mini-batch per step,
+  8 validation prompts, the file log at RPG_SMOKE_DIR, then the smoke report on the console). π_old is the rollout's
+  log-probs, so verl skips the actor's old-log-prob forward (its products, `actor/entropy` and
   `training/rollout_probs_diff_*`, are absent and `timing_s/old_log_prob` is a copy); the RPG metrics are finite; the
   rollout−actor gap is visible in the ratio itself: with one update per step the loss's forward runs at the weights
-  that sampled the batch, so `w = π_θ/μ` differs from 1 only by the engine/actor mismatch (`actor/rpg/ratio_*`).
-* **colocate_async** (`trainer.v1.trainer_mode=colocate_async`, one batch generated ahead, partial rollouts through
+  that sampled the batch, so `w = π_θ/μ` differs from 1 only by the engine/actor mismatch (`actor/rpg/ratio_*`). The
+  report: "[rpg smoke]", seconds per phase, the CPU memory line, the projected wall time.
+* **colocate_async** (`TRAINER_MODE=colocate_async`, 4 prompts × 4 responses, one batch generated ahead, partial rollouts through
   the hf server's abort/resume, no DAPO filtering so that step 2 trains on the batch generated ahead) with the periodic reference (K = 2 optimizer steps = every training step with two
   mini-batches) and token-level TIS (`rollout_is=token`): RPG metrics finite, the staleness logged at every step
   (the second batch was generated, at least in part, by the weights before step 1's update), the reference refreshed
   at both steps, the TIS weights computed, validation finite.
 
-Cost: about 2 × 1.5-2 minutes on 2 cores. Needs artifacts/tiny (rpg.tools.tiny_model, built once, reused).
+Cost: about 2 × 1.5-2.5 minutes on 2 cores. Needs artifacts/tiny (rpg.tools.tiny_model, built once, reused).
 """
 
 import math
+import re
 
 import pytest
 from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
@@ -51,12 +55,18 @@ def check_common(records: list[dict]) -> dict[int, dict]:
     return train
 
 
-def test_bypass_skips_the_old_log_prob_forward(tiny_dir, tmp_path):
-    records, _ = run_cpu_recipe(tmp_path, "bypass", ["trainer.val_before_train=False",
-                                                     "algorithm.rollout_correction.bypass_mode=True"],
-                                CPU_STEPS="2", CPU_BATCH="4", CPU_MINI_BATCH="4", CPU_N="4", CPU_TEST_FREQ="2",
-                                CPU_SEED="0")
+def test_bypass_skips_the_old_log_prob_forward_in_a_smoke_run(tiny_dir, tmp_path):
+    # RPG_SMOKE_DIR=tmp_path: the smoke log is tmp_path/bypass.jsonl, the file run_cpu_recipe reads
+    records, text = run_cpu_recipe(tmp_path, "bypass", [], SMOKE="1", RPG_SMOKE_DIR=str(tmp_path),
+                                   OLD_LOGPROB="rollout", CPU_N="4", CPU_SEED="0")
     train = check_common(records)
+    # the smoke run: its overrides, then its report on the console
+    assert "[rpg smoke] steps [1, 2]" in text, text[-3000:]
+    for label in ("rollout (gen)", "old log-prob", "update", "validation", "step (total)"):
+        assert re.search(rf"^  {re.escape(label)} +\d+\.\d\d s", text, re.M), f"no smoke line for {label!r}"
+    assert "  memory: GPU memory is not measured on CPU; peak RSS of this (launcher) process" in text
+    assert "projected wall time of the full run" in text
+    assert "[rpg] smoke run (SMOKE=1): 2 steps of" in text
     for step, data in train.items():
         # no actor forward before the update: its by-products are missing, the timer only wraps a tensor copy
         skipped = [k for k in data if k == "actor/entropy" or k.startswith("training/rollout_probs_diff")]
@@ -73,7 +83,6 @@ def test_bypass_skips_the_old_log_prob_forward(tiny_dir, tmp_path):
 def test_colocate_async_with_periodic_reference_and_tis(tiny_dir, tmp_path):
     overrides = [
         "trainer.val_before_train=False",
-        "trainer.v1.trainer_mode=colocate_async",
         "trainer.v1.colocate_async.num_warmup_batches=1",
         "algorithm.filter_groups.enable=False",  # no DAPO eviction: step 2 trains on the batch generated ahead
         "algorithm.rollout_correction.rollout_is=token",
@@ -81,8 +90,9 @@ def test_colocate_async_with_periodic_reference_and_tis(tiny_dir, tmp_path):
         "+actor_rollout_ref.actor.policy_loss.reference=periodic",
         "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=2",
     ]
-    records, text = run_cpu_recipe(tmp_path, "colocate_async", overrides, CPU_STEPS="2", CPU_BATCH="4",
-                                   CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2", CPU_SEED="0")
+    records, text = run_cpu_recipe(tmp_path, "colocate_async", overrides, TRAINER_MODE="colocate_async",
+                                   CPU_STEPS="2", CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2",
+                                   CPU_SEED="0")
     train = check_common(records)
     # step 1 trains on the first batch (weights 0); the second batch was submitted with it and generated, at least
     # its first tokens, by weights 0 too, before step 1's update: one version stale in the worst case

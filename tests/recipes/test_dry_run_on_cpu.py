@@ -130,6 +130,8 @@ ABLATIONS_4B = {  # Fig. 8 (2K clip) and Fig. 9 (4K β and reference): script �
     "run_rpg_reinforce_ufkl_4k_beta1e-3_noiterref.sh": ("rpg_reinforce_ufkl", 1e-3, (0.2, 0.28), 4, "frozen"),
     # the paper's §5 periodic scheme (no table row): refresh every K = 64 optimizer steps
     "run_rpg_reinforce_urkl_4k_periodic.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "periodic"),
+    # the paper's best configuration on verl's colocated asynchronous trainer with token TIS (docs/async.md#modes)
+    "run_rpg_reinforce_urkl_4k_async.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "iterative"),
 }
 ALL_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B + SCRIPTS_CPU
 
@@ -417,7 +419,8 @@ def _bad():
         (["actor_rollout_ref.actor.loss_agg_mode=token_mean"], InstantiationException, "token_mean"),
         (["+reward.reward_kwargs.overlong_buffer_cfg.lenght=3"], RecipeConfigError, "lenght"),
         (["reward.reward_manager.name=dapoo"], RecipeConfigError, "dapoo"),
-        (["algorithm.rollout_correction.bypass_mode=True"], RecipeConfigError, "bypass_mode"),
+        (["algorithm.rollout_correction.bypass_mode=True", "trainer.use_v1=False", "algorithm.filter_groups.enable=False"],
+         RecipeConfigError, "bypass_mode=True in verl's legacy trainer"),
         (["+actor_rollout_ref.model.override_config_typo=1"], ConfigKeyError, "override_config_typo"),
     ]  # fmt: skip
 
@@ -629,3 +632,15 @@ def test_real_dry_run_rejects_bad_override(tmp_path: Path):
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode != 0 and proc.stdout == ""
     assert "invalid RPG configuration" in proc.stderr and "use_kl_loss=False" in proc.stderr
+
+
+def test_the_async_4k_script_is_colocate_async_with_token_tis():
+    """run_rpg_reinforce_urkl_4k_async.sh: the sync 4K script's method, verl's colocated asynchronous trainer, π_old
+    recomputed (bypass would ignore the TIS weights), token-level TIS truncated at 2.0, FSDP2 (docs/async.md#modes)."""
+    cfg = validated(RECIPE / "4b" / "run_rpg_reinforce_urkl_4k_async.sh").config
+    sync = validated(RECIPE / "4b" / "run_rpg_reinforce_urkl_4k.sh").config
+    assert cfg.trainer.v1.trainer_mode == "colocate_async" and sync.trainer.v1.trainer_mode == "sync"
+    corr = cfg.algorithm.rollout_correction
+    assert (corr.rollout_is, corr.rollout_is_threshold, corr.bypass_mode) == ("token", 2.0, False)
+    assert cfg.actor_rollout_ref.actor.strategy == cfg.actor_rollout_ref.ref.strategy == "fsdp2"
+    assert cfg.actor_rollout_ref.actor.policy_loss == sync.actor_rollout_ref.actor.policy_loss

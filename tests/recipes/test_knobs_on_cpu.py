@@ -3,6 +3,7 @@ and the Hydra quoting of the command all come from it."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
@@ -71,3 +72,54 @@ def test_stdlib_only():
     code = "import sys; sys.modules['rpg'] = None; import runpy; runpy.run_path(sys.argv[1], run_name='x')"
     proc = subprocess.run([sys.executable, "-I", "-c", code, ra.__file__], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# OLD_LOGPROB and TRAINER_MODE (docs/async.md#knobs): environment knobs, passed only when not the default
+# ----------------------------------------------------------------------------------------------------------------------
+BYPASS = "algorithm.rollout_correction.bypass_mode=True"
+
+
+@pytest.mark.parametrize(
+    "env, present, absent",
+    [
+        ({}, [], [BYPASS, "trainer.v1.trainer_mode="]),
+        ({"OLD_LOGPROB": "recompute", "TRAINER_MODE": "sync"}, [], [BYPASS, "trainer.v1.trainer_mode="]),
+        ({"OLD_LOGPROB": "rollout"}, [BYPASS], ["trainer.v1.trainer_mode="]),
+        ({"TRAINER_MODE": "colocate_async"}, ["trainer.v1.trainer_mode=colocate_async"], [BYPASS]),
+        ({"TRAINER_MODE": "separate_async"}, ["trainer.v1.trainer_mode=separate_async"], [BYPASS]),
+    ],
+    ids=["defaults", "explicit-defaults", "rollout", "colocate_async", "separate_async"],
+)
+def test_async_knobs_map_to_verl_settings(tmp_path, env, present, absent):
+    script = tmp_path / "run_probe.sh"
+    script.write_text(f'source "{RECIPE}/common.sh"\npreset_rpg_reinforce urkl 1e-4\nrpg_run "$@"\n')
+    for profile in ("gpu", "cpu"):
+        proc = run_script(script, RPG_PRINT_ARGV="1", RPG_PROFILE=profile, **env)
+        assert proc.returncode == 0, proc.stderr
+        argv = json.loads(proc.stdout)["argv"]
+        for needle in present:
+            assert needle in argv, (profile, argv)
+        for needle in absent:
+            assert not any(a.startswith(needle) for a in argv), (profile, needle)
+
+
+@pytest.mark.parametrize(
+    "name, value, choices",
+    [("OLD_LOGPROB", "actor", "recompute rollout"), ("TRAINER_MODE", "async", "sync colocate_async separate_async")],
+)
+def test_a_bad_async_knob_is_refused(tmp_path, name, value, choices):
+    script = tmp_path / "run_probe.sh"
+    script.write_text(f'source "{RECIPE}/common.sh"\nrpg_run "$@"\n')
+    proc = run_script(script, RPG_PRINT_ARGV="1", **{name: value})
+    assert proc.returncode == 2, proc.stdout
+    assert f"{name}='{value}' is not valid; choose one of: {choices}" in proc.stderr, proc.stderr
+
+
+def test_schedule_free_with_an_async_trainer_mode_is_refused(tmp_path):
+    script = tmp_path / "run_probe.sh"
+    script.write_text(f'source "{RECIPE}/common.sh"\npreset_dapo\nrpg_run "$@"\n')
+    proc = run_script(script, RPG_PRINT_ARGV="1", OPTIM="schedulefree", TRAINER_MODE="colocate_async")
+    assert proc.returncode == 2, proc.stdout
+    assert "TRAINER_MODE='colocate_async' with OPTIM=schedulefree" in proc.stderr, proc.stderr
+    assert "no asynchronous" in proc.stderr, proc.stderr

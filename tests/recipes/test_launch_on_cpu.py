@@ -108,11 +108,28 @@ def test_invalid_rpg_values_fail(base, key, value, needle):
     assert needle in f"{info.value} {info.value.__cause__!r}"
 
 
-def test_bypass_mode_is_refused(base):
-    cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True)
+def test_bypass_mode_is_refused_in_the_legacy_trainer(base):
+    cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True, trainer__use_v1=False)
     with pytest.raises(RecipeConfigError) as info:
         validate_rpg(cfg)
     assert BYPASS_ERROR in str(info.value)
+    assert "trainer.use_v1=False" in str(info.value)
+
+
+def test_bypass_mode_is_accepted_in_the_v1_trainer(base):
+    """The v1 trainer copies the rollout's log-probs into old_log_probs and leaves loss_mode alone
+    (docs/async.md#bypass): the RPG loss runs with π_old := μ."""
+    cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True, trainer__use_v1=True)
+    assert isinstance(validate_rpg(cfg), RPGPolicyLossConfig)
+
+
+@pytest.mark.parametrize("key, value", [("rollout_is", "token"), ("rollout_rs", "token_k1")])
+def test_bypass_mode_with_rollout_correction_is_refused(base, key, value):
+    """verl's v1 trainer skips the rollout correction in bypass: the weights / rejection would be silently ignored."""
+    cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True,
+                   **{f"algorithm__rollout_correction__{key}": value})
+    with pytest.raises(RecipeConfigError, match=f"rollout_correction.{key}={value!r}.*silently ignored"):
+        validate_rpg(cfg)
 
 
 def test_kl_in_reward_is_refused(base):
@@ -152,6 +169,7 @@ def test_all_violations_are_reported_together(base):
         base,
         algorithm__use_kl_in_reward=True,
         algorithm__rollout_correction__bypass_mode=True,
+        trainer__use_v1=False,
         **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 1e-3},
     )
     with pytest.raises(RecipeConfigError) as info:
@@ -282,3 +300,50 @@ def test_rpg_trainer_extends_verls_ppo_trainer():
     assert OmegaConf.is_missing(buffer, "enable") and OmegaConf.is_missing(buffer, "len")
     overridden = compose_config(["data.max_response_length=1024"])
     assert overridden.reward.reward_kwargs.max_resp_len == 1024  # one source: data.max_response_length
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Trainer modes (docs/async.md#knobs): what the launcher refuses before Ray starts
+# --------------------------------------------------------------------------------------------------------------
+SEPARATE = {"trainer__v1__trainer_mode": "separate_async"}
+SEPARATE_READY = {**SEPARATE, "actor_rollout_ref__rollout__nnodes": 1,
+                  "actor_rollout_ref__rollout__checkpoint_engine__backend": "nccl", "data__train_batch_size": 128,
+                  "trainer__v1__separate_async__parameter_sync_step": 4, ACTOR + "ppo_mini_batch_size": 32}
+PERIODIC = {PL + "reference": "periodic", PL + "ref_refresh_steps": 16, ACTOR + "use_kl_loss": True,
+            ACTOR + "kl_loss_coef": 0.0}
+
+
+def test_separate_async_on_cpu_is_refused(base):
+    with pytest.raises(RecipeConfigError, match=r"no checkpoint engine runs on CPU: verl registers only `naive`"):
+        validate_recipe(cfg_with(base, trainer__device="cpu", **SEPARATE_READY))
+
+
+def test_separate_async_needs_the_rollout_pool_and_a_checkpoint_engine(base):
+    cfg = cfg_with(base, **SEPARATE, data__train_batch_size=512, **{ACTOR + "ppo_mini_batch_size": 32})
+    with pytest.raises(RecipeConfigError) as info:
+        validate_recipe(cfg)
+    text = str(info.value)
+    for needle in ("actor_rollout_ref.rollout.nnodes=0", "actor_rollout_ref.rollout.checkpoint_engine.backend='naive'",
+                   "data.train_batch_size=512", "parameter_sync_step=4", "ppo_mini_batch_size=32"):
+        assert needle in text, text
+    validate_recipe(cfg_with(base, **SEPARATE_READY))  # all three set: accepted
+
+
+def test_periodic_reference_with_separate_async_is_refused(base):
+    with pytest.raises(RecipeConfigError, match=r"reference=periodic with trainer.v1.trainer_mode=separate_async"):
+        validate_rpg(cfg_with(base, **PERIODIC, **SEPARATE_READY))
+    ok = validate_rpg(cfg_with(base, **PERIODIC, trainer__v1__trainer_mode="colocate_async"))  # measured working
+    assert ok.reference == "periodic"
+
+
+def test_async_without_rollout_is_is_flagged_as_uncorrected(base):
+    from rpg.preflight.recipe_rules import async_correction_warning
+
+    assert async_correction_warning(base) is None  # sync
+    warning = async_correction_warning(cfg_with(base, trainer__v1__trainer_mode="colocate_async"))
+    assert "uncorrected" in warning and "docs/async.md#no-correction" in warning
+    corrected = cfg_with(base, trainer__v1__trainer_mode="colocate_async",
+                         algorithm__rollout_correction__rollout_is="token")
+    assert async_correction_warning(corrected) is None
+    bypass = cfg_with(base, trainer__v1__trainer_mode="colocate_async", algorithm__rollout_correction__bypass_mode=True)
+    assert async_correction_warning(bypass) is None  # π_old := μ: exact for its own anchor (docs/async.md#bypass)

@@ -229,7 +229,7 @@ def test_check_config_accepts_the_recipe_combination():
     [
         (SF, r"schedule-free optimizer .* trainer.v1.trainer_mode=sync: set .*trainer_mode=schedule_free_sync"),
         ((*SF, "trainer.use_v1=False"), r"trainer.use_v1=False"),
-        ((*SF, "trainer.v1.trainer_mode=colocate_async"), r"trainer_mode=colocate_async"),
+        ((*SF, "trainer.v1.trainer_mode=colocate_async"), r"trainer_mode=colocate_async.*no asynchronous"),
         ((f"trainer.v1.trainer_mode={sfm.TRAINER_MODE}",), r"needs a schedule-free actor optimizer, got torch.optim.AdamW"),
         (("actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFreeTypo",
           "actor_rollout_ref.actor.optim.optimizer_impl=schedulefree"), r"cannot import optimizer schedulefree\.AdamW"),

@@ -1,6 +1,6 @@
 """verl's colocated asynchronous trainer with its own vLLM rollout on CPU (CPU_ROLLOUT=vllm; .venv-vllm's python).
 
-One launch of `recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` with `trainer.v1.trainer_mode=colocate_async`: verl's
+One launch of `recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` with the recipe knob `TRAINER_MODE=colocate_async`: verl's
 `FullyAsyncLLMServerClient` against the vLLM server, which is aborted after each sample (`pause_generation`), gets the
 new weights and resumes partial responses (docs/async.md#modes). RPG-REINFORCE-URKL with the iterative reference and
 token-level TIS, 2 steps of 4 prompts × 4 responses, two updates per step, one batch generated ahead, no DAPO
@@ -32,10 +32,11 @@ def finite(value) -> bool:
 
 def test_colocate_async_with_vllm(tiny_dir, tmp_path):
     overrides = ["data.val_max_samples=32", "trainer.val_before_train=False",
-                 "trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=1",
+                 "trainer.v1.colocate_async.num_warmup_batches=1",
                  "algorithm.filter_groups.enable=False", "algorithm.rollout_correction.rollout_is=token"]
-    records, _ = run_cpu_recipe(tmp_path, "colocate_async_vllm", overrides, CPU_ROLLOUT="vllm", CPU_STEPS="2",
-                                CPU_TEST_FREQ="2", CPU_BATCH="4", CPU_N="4", CPU_MINI_BATCH="2", CPU_SEED="0")
+    records, _ = run_cpu_recipe(tmp_path, "colocate_async_vllm", overrides, TRAINER_MODE="colocate_async",
+                                CPU_ROLLOUT="vllm", CPU_STEPS="2", CPU_TEST_FREQ="2", CPU_BATCH="4", CPU_N="4",
+                                CPU_MINI_BATCH="2", CPU_SEED="0")
     train = training_steps(records)
     assert sorted(train) == [1, 2], f"logged training steps {sorted(train)}"
     for step, data in train.items():
