@@ -57,3 +57,16 @@ def validated(script: Path):
     from rpg.launch import compose_and_validate
 
     return compose_and_validate(overrides(script))
+
+
+def cfg_with(base, **updates):
+    """A copy of the composed config `base` with dotted keys (`__` stands for `.`) set; new keys are allowed."""
+    import copy
+
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = copy.deepcopy(base)
+    with open_dict(cfg):
+        for key, value in updates.items():
+            OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
+    return cfg

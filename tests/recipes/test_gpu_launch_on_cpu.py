@@ -7,26 +7,15 @@ test_dry_run_on_cpu.py); rules are checked on copies of one composed config.
 
 from __future__ import annotations
 
-import copy
 import sys
 
 import pytest
-from omegaconf import OmegaConf, open_dict
-from recipe_helpers import RECIPE, SCRIPTS_4B, SCRIPTS_7B, overrides, run_script, validated
+from recipe_helpers import RECIPE, SCRIPTS_4B, SCRIPTS_7B, cfg_with, overrides, run_script, validated
 
 from rpg.launch import RecipeConfigError, validate_recipe
 from rpg.preflight.gpu import check_gpu_launch, check_memory_plan
 
 GPU_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B
-
-
-def with_(cfg, **updates):
-    """A copy of `cfg` with dotted keys (`__` for `.`) set; new keys allowed."""
-    cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        for key, value in updates.items():
-            OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
-    return cfg
 
 
 @pytest.fixture(scope="module")
@@ -55,20 +44,20 @@ SCHEDULE_FREE = {ARR + "actor__optim__optimizer_impl": "schedulefree",
 @pytest.mark.parametrize("feature, needle", [(PERIODIC, "policy_loss.reference=periodic"),
                                              (SCHEDULE_FREE, "schedule-free AdamW")])  # fmt: skip
 def test_fsdp1_is_refused_for_the_periodic_reference_and_schedule_free(rpg_4b, feature, needle):
-    validate_recipe(with_(rpg_4b, **feature))  # on FSDP2: accepted
-    fsdp1 = with_(rpg_4b, **feature, **{ARR + "actor__strategy": "fsdp"})  # the reference follows the actor
+    validate_recipe(cfg_with(rpg_4b, **feature))  # on FSDP2: accepted
+    fsdp1 = cfg_with(rpg_4b, **feature, **{ARR + "actor__strategy": "fsdp"})  # the reference follows the actor
     with pytest.raises(RecipeConfigError, match="tested on FSDP2 only") as e:
         validate_recipe(fsdp1)
     message = str(e.value)
     assert needle in message and "actor_rollout_ref.actor.strategy=fsdp and actor_rollout_ref.ref.strategy=fsdp" in message
     assert "actor_rollout_ref.actor.strategy=fsdp2" in message  # the fix
-    only_ref = with_(rpg_4b, **feature, **{ARR + "ref__strategy": "fsdp"})
+    only_ref = cfg_with(rpg_4b, **feature, **{ARR + "ref__strategy": "fsdp"})
     with pytest.raises(RecipeConfigError, match=r"with actor_rollout_ref\.ref\.strategy=fsdp \(FSDP1\)"):
         validate_recipe(only_ref)
 
 
 def test_fsdp1_stays_allowed_for_the_other_recipes(rpg_4b):
-    validate_recipe(with_(rpg_4b, **{ARR + "actor__strategy": "fsdp"}))
+    validate_recipe(cfg_with(rpg_4b, **{ARR + "actor__strategy": "fsdp"}))
 
 
 # ---- 2. The memory plan ----------------------------------------------------------------------------------------------
@@ -94,7 +83,7 @@ def test_every_gpu_recipe_plans_within_80_gib(script, capsys):
 
 
 def test_an_over_budget_7b_run_is_refused_naming_the_setting(dapo_7b, capsys):
-    cfg = with_(dapo_7b, **{UTIL: 0.95})
+    cfg = cfg_with(dapo_7b, **{UTIL: 0.95})
     with pytest.raises(RecipeConfigError, match="GPU memory plan over budget") as e:
         check_memory_plan(cfg, budget_gib=80)
     message = str(e.value)
@@ -114,7 +103,7 @@ def test_the_budget_comes_from_gpu_memory_gib(dapo_7b, monkeypatch, capsys):
 
 
 def test_an_unknown_model_gets_one_line_saying_why_no_plan(dapo_7b, tmp_path, capsys):
-    cfg = with_(dapo_7b, actor_rollout_ref__model__path=str(tmp_path / "no-model"))
+    cfg = cfg_with(dapo_7b, actor_rollout_ref__model__path=str(tmp_path / "no-model"))
     assert check_memory_plan(cfg, budget_gib=80) is None
     err = capsys.readouterr().err
     assert err.startswith("[rpg] GPU memory plan: not computed: ") and err.count("\n") == 1
@@ -264,7 +253,7 @@ def test_what_a_local_launch_needs(dapo_7b, missing, gpus, needles):
 def test_flash_attn_is_not_needed_with_another_attention(dapo_7b):
     from rpg.preflight.gpu import runtime_problems
 
-    sdpa = with_(dapo_7b, actor_rollout_ref__model__override_config__attn_implementation="sdpa")
+    sdpa = cfg_with(dapo_7b, actor_rollout_ref__model__override_config__attn_implementation="sdpa")
     assert runtime_problems(sdpa, find_spec=_spec({"flash_attn"}), device_count=lambda: 8) == []
 
 
@@ -288,9 +277,9 @@ def test_periodic_reference_on_several_nodes_needs_a_shared_checkpoint_dir(rpg_4
     from rpg.launch import validate_rpg
 
     monkeypatch.delenv("RPG_SHARED_CKPT", raising=False)
-    periodic = with_(rpg_4b, **PERIODIC, actor_rollout_ref__actor__policy_loss__ref_refresh_steps=64)
+    periodic = cfg_with(rpg_4b, **PERIODIC, actor_rollout_ref__actor__policy_loss__ref_refresh_steps=64)
     validate_rpg(periodic)  # one node: nothing to share
-    two_nodes = with_(periodic, trainer__nnodes=2)
+    two_nodes = cfg_with(periodic, trainer__nnodes=2)
     with pytest.raises(RecipeConfigError, match=r"reference=periodic with trainer\.nnodes=2") as e:
         validate_rpg(two_nodes)
     message = str(e.value)
@@ -298,7 +287,7 @@ def test_periodic_reference_on_several_nodes_needs_a_shared_checkpoint_dir(rpg_4
     assert "RPG_SHARED_CKPT=1" in message and "NNODES=1" in message  # the fixes
     monkeypatch.setenv("RPG_SHARED_CKPT", "1")
     validate_rpg(two_nodes)
-    validate_rpg(with_(rpg_4b, trainer__nnodes=2))  # other reference modes keep no state of their own
+    validate_rpg(cfg_with(rpg_4b, trainer__nnodes=2))  # other reference modes keep no state of their own
     monkeypatch.setenv("RPG_SHARED_CKPT", "yes")
     with pytest.raises(RecipeConfigError, match="RPG_SHARED_CKPT='yes' is not valid; choose one of: 0 1"):
         validate_rpg(two_nodes)

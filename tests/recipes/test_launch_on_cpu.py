@@ -4,12 +4,12 @@ and copied per test."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 from hydra.errors import ConfigCompositionException, InstantiationException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import ConfigKeyError
+from recipe_helpers import cfg_with
 
 from rpg.config import BYPASS_ERROR, RPGPolicyLossConfig
 from rpg.launch import (
@@ -41,15 +41,6 @@ MINIMAL = [  # the smallest config verl's validate_config accepts without a GPU-
 @pytest.fixture(scope="module")
 def base():
     return compose_config(MINIMAL)
-
-
-def cfg_with(base, **updates):
-    """A copy of `base` with dotted keys (`__` stands for `.`) set; new keys are allowed."""
-    cfg = copy.deepcopy(base)
-    with open_dict(cfg):
-        for key, value in updates.items():
-            OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
-    return cfg
 
 
 ACTOR = "actor_rollout_ref__actor__"
