@@ -30,6 +30,8 @@ Run it as ``rpg-tiny-model`` or ``python -m rpg.tools.tiny_model``. Output layou
 
 Idempotent: if ``build.json`` exists with the same settings, nothing is done (``--force`` rebuilds). The whole
 folder is built in a temporary sibling and moved into place with ``os.replace`` (Ctrl-C and SIGTERM remove it).
+Concurrent runs (two shells, parallel test workers) take turns: each holds an exclusive lock on ``--out``'s parent
+folder while it checks and builds, so the second finds the first's build up to date instead of replacing it.
 ``--out`` may be new, an empty folder, or an earlier build of this tool: ``build.json`` lists every file the tool
 wrote, and a folder holding anything else is refused, never deleted. Deterministic under ``--seed`` (one torch
 thread).
@@ -38,6 +40,8 @@ thread).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import random
@@ -377,14 +381,30 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+@contextlib.contextmanager
+def parent_locked(out: Path):
+    """Hold an exclusive lock on ``out``'s parent folder (created if missing): no lock file is left behind, and the
+    kernel releases the lock when the process dies."""
+    out.absolute().parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out.absolute().parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
-    if not args.force and is_built(out, settings(args)):
+    if not args.force and is_built(out, settings(args)):  # the common case, without waiting for a lock
         print(f"[tiny_model] up to date: {out}")
         return 0
     try:
-        with sigterm_exits():  # SIGTERM removes the temporary build folder like Ctrl-C does
+        with sigterm_exits(), parent_locked(out):  # SIGTERM removes the temporary build folder like Ctrl-C does
+            if not args.force and is_built(out, settings(args)):  # built by another run while this one waited
+                print(f"[tiny_model] up to date: {out}")
+                return 0
             manifest = build(args)
     except OutError as e:
         print(f"[tiny_model] error: {e}", file=sys.stderr)

@@ -137,3 +137,20 @@ def test_sigterm_during_the_build_removes_the_temporary_folder(tmp_path):
     assert proc.wait(timeout=60) == 143
     proc.stdout.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_concurrent_builds_of_one_folder_build_once(tmp_path):
+    """Two processes asking for the same --out at once (two test workers, two shells): one builds, the other waits
+    for it and finds the build up to date; neither replaces the folder under the other's feet."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "tiny"
+    cmd = [sys.executable, "-m", "rpg.tools.tiny_model", "--out", str(out), *QUICK, "--max-steps", "0",
+           "--n-train", "10"]  # fmt: skip
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    printed = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], printed
+    wrote = [text for text in printed if "[tiny_model] wrote" in text]
+    assert len(wrote) == 1 and sum("[tiny_model] up to date" in text for text in printed) == 1, printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]  # no lock file or temporary folder left
