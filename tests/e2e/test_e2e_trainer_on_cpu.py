@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 from cpu_trainer import run_cpu_recipe, training_steps
 
+pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
+
 # wall-clock and machine-state metrics, the only ones allowed to differ between two runs
 TIMING_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
 SIZES = dict(CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2", CPU_SEED="0")

@@ -25,8 +25,11 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+import pytest
 import torch
 from cpu_trainer import check_steps, run_cpu_recipe
+
+pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 SIZES = dict(CPU_RANKS="2", CPU_BATCH="4", CPU_N="4", CPU_SEED="0")  # 16 sequences per step, 8 per rank
 SMALL_VAL = ["data.val_max_samples=32"]  # validation on 32 of the 200 held-out prompts: only its steps are checked

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rpg.tools import dry_run_digest as dd
+
+pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 GOLDEN = Path(__file__).with_name("dry_run_golden.txt")
 

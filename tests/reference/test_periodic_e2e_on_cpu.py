@@ -15,7 +15,10 @@ Cost: about 1.5-2 minutes on 2 cores (one trainer start-up of ~40 s). Needs arti
 (rpg.tools.tiny_model, built once, ~80 s, reused).
 """
 
+import pytest
 from cpu_trainer import run_cpu_recipe, training_steps
+
+pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 
 def test_periodic_reference_refreshes_inside_the_real_trainer(tiny_dir, tmp_path):

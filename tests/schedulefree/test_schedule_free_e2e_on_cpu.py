@@ -20,6 +20,8 @@ import pytest
 import torch
 from cpu_trainer import run_cpu_recipe, training_steps
 
+pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def run(tiny_dir, tmp_path_factory):

@@ -15,15 +15,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from cpu_trainer import ensure_tiny_model, run_cpu_recipe, training_steps
+from cpu_trainer import run_cpu_recipe, training_steps
+
+pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 GAP = "training/rollout_probs_diff_mean"
 STALENESS = "training/off_policy/trajectory_staleness"
-
-
-@pytest.fixture(scope="module")
-def tiny_dir():
-    return ensure_tiny_model()
 
 
 def finite(value) -> bool:

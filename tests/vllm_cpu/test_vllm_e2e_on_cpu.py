@@ -37,6 +37,8 @@ from pathlib import Path
 import pytest
 from cpu_trainer import run_cpu_recipe, training_steps
 
+pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
+
 HERE = Path(__file__).resolve().parent
 GAP = "training/rollout_probs_diff_mean"
 SIZES = dict(CPU_ROLLOUT="vllm", CPU_BATCH="4", CPU_N="4", CPU_MINI_BATCH="2", CPU_SEED="0")
