@@ -16,7 +16,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # .venv-vllm is built in the background, beside .venv (two single-threaded pip installs on two cores) and on into the
 # main suite if need be; its log is printed when the main run is done, before the vLLM run that needs it.
 vllm_log="$(mktemp)" tiny_log="$(mktemp)"
-trap 'kill $(jobs -p) 2>/dev/null; rm -f "$vllm_log" "$tiny_log"' EXIT  # background builds die with the script
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -f "$vllm_log" "$tiny_log"' EXIT  # background builds die with the script
 bash "$ROOT/scripts/setup_env.sh" --vllm >"$vllm_log" 2>&1 &
 vllm_setup=$!
 bash "$ROOT/scripts/setup_env.sh"

@@ -1,0 +1,23 @@
+"""scripts/test.sh (the README's test command, what CI runs) exits 0 when the tests it selects pass.
+
+Runs the script itself, serially (RPG_TEST_WORKERS=0), on one cheap test of each environment: its exit code is the
+contract CI reads (a script that passes every test and still exits non-zero fails CI). About 30 s: two pytest
+collections; both environments exist already (this suite runs in one of them).
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_test_command_exits_0_when_its_tests_pass():
+    selected = "test_summarize_hand_computed or test_patch2_refuses_a_changed_signature"
+    env = {**os.environ, "RPG_TEST_WORKERS": "0"}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "test.sh"), "-q", "-p", "no:cacheprovider", "-k", selected],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    text = out.stdout + out.stderr
+    assert "[test.sh] main: pytest exit 0" in text and "[test.sh] vllm: pytest exit 0" in text, text[-3000:]
+    assert out.returncode == 0, f"every selected test passed, yet scripts/test.sh exited {out.returncode}:\n{text[-2000:]}"
