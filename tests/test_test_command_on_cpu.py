@@ -7,9 +7,8 @@ collections; both environments exist already (this suite runs in one of them).
 
 import os
 import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from cpu_trainer import ROOT
 
 
 def test_the_test_command_exits_0_when_its_tests_pass():

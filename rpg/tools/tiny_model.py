@@ -385,8 +385,9 @@ def parse_args(argv=None):
 def parent_locked(out: Path):
     """Hold an exclusive lock on ``out``'s parent folder (created if missing): no lock file is left behind, and the
     kernel releases the lock when the process dies."""
-    out.absolute().parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out.absolute().parent, os.O_RDONLY)
+    parent = out.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(parent, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

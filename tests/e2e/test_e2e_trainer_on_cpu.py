@@ -23,7 +23,8 @@ Checks:
   makes this hold is documented in rpg/cpu/hf_rollout.py (per-request seeds) and rpg/cpu/sampler.py (batches
   independent of completion timing).
 
-Cost: three trainer start-ups (``first`` and ``second`` at the same time), about 3 minutes on 2 cores (artifacts/tiny is built once per session if missing).
+Cost: three trainer start-ups (``first`` and ``second`` at the same time), about 3 minutes on 2 cores (artifacts/tiny
+is built once per session if missing).
 """
 
 import math
