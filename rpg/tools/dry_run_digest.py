@@ -5,7 +5,7 @@ cleared of the recipe knobs so the scripts' own defaults apply), composes the ov
 `RPG_DRY_RUN=1` does (`rpg.launch.compose_config`), renders the resolved YAML, replaces the checkout's directory by
 `<repo>` (so the digest is the same in any clone) and prints one line per script: `<profile dir>/<script> <sha256>`.
 
-tests/recipes/dry_run_golden.txt holds these lines for the current recipes; tests/recipes/test_dry_run_golden_on_cpu.py
+tests/recipes/dry_run_golden.txt holds these lines for the current recipes; tests/recipes/test_dry_run_on_cpu.py
 compares. A deliberate change of a recipe's config regenerates it:
     python -m rpg.tools.dry_run_digest --write tests/recipes/dry_run_golden.txt
 and `--yaml-dir DIR` writes each normalised YAML (run it on two commits and diff the folders to see what changed).
@@ -30,8 +30,15 @@ CLEARED = (
     "MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR TINY_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME RAY_ADDRESS "
     "RPG_DRY_RUN RPG_PROFILE OPTIM THINKING PYTHON RPG_PRINT_ARGV RPG_OPTIM_DIR VERL_USE_EXTERNAL_MODULES RPG_JOB_ENV "
     "RPG_RAY_FOLLOW RPG_RAY_JOB_ID RPG_SHARED_CKPT CPU_STEPS CPU_BATCH CPU_N CPU_LR CPU_MINI_BATCH CPU_TEST_FREQ "
-    "CPU_RESPONSE_LEN CPU_SEED CPU_ROLLOUT CPU_DTYPE CPU_RANKS VERL_PLATFORM VERL_ENGINE_DEVICE"
+    "CPU_RESPONSE_LEN CPU_SEED CPU_ROLLOUT CPU_DTYPE CPU_RANKS VERL_PLATFORM VERL_ENGINE_DEVICE SMOKE RPG_SMOKE_DIR "
+    "GPU_MEMORY_GIB"
 ).split()
+
+
+def recipe_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the `CLEARED` knobs, with `extra` set: what a recipe script is run under
+    to see its own defaults (here and in the recipe tests)."""
+    return {k: v for k, v in os.environ.items() if k not in CLEARED} | extra
 
 
 def scripts() -> list[Path]:
@@ -44,8 +51,7 @@ def name(script: Path) -> str:
 
 def script_overrides(script: Path) -> list[str]:
     """The Hydra overrides the script passes to `python -m rpg.launch` (its printed argv after `-m rpg.launch`)."""
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED} | {"RPG_PRINT_ARGV": "1", "RPG_DRY_RUN": "1"}
-    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(["bash", str(script)], env=recipe_env(RPG_PRINT_ARGV="1", RPG_DRY_RUN="1"), capture_output=True, text=True, timeout=120, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(f"{name(script)}: RPG_PRINT_ARGV=1 failed:\n{proc.stderr}")
     argv = json.loads(proc.stdout)["argv"]
@@ -53,13 +59,18 @@ def script_overrides(script: Path) -> list[str]:
     return argv[3:]
 
 
-def normalised_yaml(overrides: list[str]) -> str:
-    """The resolved config a dry run prints, with the checkout's directory written `<repo>`."""
+def normalised(config) -> str:
+    """The resolved YAML of a composed config, with the checkout's directory written `<repo>`."""
     from omegaconf import OmegaConf
 
+    return OmegaConf.to_yaml(config, resolve=True).replace(str(REPO), "<repo>")
+
+
+def normalised_yaml(overrides: list[str]) -> str:
+    """The resolved config a dry run prints (`rpg.launch.compose_config` of `overrides`), normalised."""
     from rpg.launch import compose_config
 
-    return OmegaConf.to_yaml(compose_config(overrides), resolve=True).replace(str(REPO), "<repo>")
+    return normalised(compose_config(overrides))
 
 
 def digest(text: str) -> str:

@@ -1,34 +1,24 @@
-"""Helpers for the recipe tests: run a recipe script in the launcher's print mode (no Python start) and
-compose + validate its overrides in-process with `rpg.launch.compose_and_validate`. (Imported by the test modules of
-this folder, which pytest puts on sys.path.)"""
+"""Helpers for the recipe tests: run a recipe script in the launcher's print mode (no Python start), compose its
+overrides in-process as a dry run does (`rpg.launch.compose_config`) and validate them (`rpg.launch.validate`). Each
+script is composed once per process (about 1 s each): the checks of every script live in one module,
+test_dry_run_on_cpu.py, which parallel workers run whole (`--dist loadscope`). (Imported by the test modules of this
+folder, which pytest puts on sys.path.)"""
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import subprocess
 from pathlib import Path
+
+# the environment without the knobs a developer may have exported (the tests see the scripts' own defaults)
+from rpg.tools.dry_run_digest import recipe_env as clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipe" / "rpg"
 SCRIPTS_7B = sorted((RECIPE / "7b").glob("*.sh"))
 SCRIPTS_4B = sorted((RECIPE / "4b").glob("*.sh"))
 SCRIPTS_CPU = sorted((RECIPE / "cpu").glob("run_*.sh"))
-
-# Environment knobs a developer may have exported; the tests must see the scripts' own defaults.
-_KNOBS = (
-    "MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME RAY_ADDRESS RPG_DRY_RUN "
-    "RPG_PROFILE OPTIM THINKING CPU_SEED PYTHON RPG_PRINT_ARGV RPG_OPTIM_DIR VERL_USE_EXTERNAL_MODULES CPU_RANKS "
-    "RPG_RAY_FOLLOW RPG_RAY_JOB_ID RPG_JOB_ENV CPU_ROLLOUT CPU_DTYPE SMOKE RPG_SMOKE_DIR GPU_MEMORY_GIB RPG_SHARED_CKPT "
-    "VERL_PLATFORM VERL_ENGINE_DEVICE"  # in-process CPU-engine tests of this session set the last two
-).split()
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _KNOBS}
-    env.update(extra)
-    return env
 
 
 def run_script(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -52,11 +42,20 @@ def overrides(script: Path) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def validated(script: Path):
-    """`compose_and_validate` of the script's overrides (cached: each script is composed once per session)."""
-    from rpg.launch import compose_and_validate
+def composed(script: Path):
+    """`rpg.launch.compose_config` of the script's overrides, as a dry run composes it (cached: once per process).
+    Validating it changes nothing (the golden digests of test_dry_run_on_cpu.py would show it)."""
+    from rpg.launch import compose_config
 
-    return compose_and_validate(overrides(script))
+    return compose_config(overrides(script))
+
+
+@functools.lru_cache(maxsize=None)
+def validated(script: Path):
+    """Every check of `rpg.launch.validate` on `composed(script)` (cached: once per process)."""
+    from rpg.launch import validate
+
+    return validate(composed(script))
 
 
 def cfg_with(base, **updates):

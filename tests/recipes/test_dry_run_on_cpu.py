@@ -1,10 +1,13 @@
 """Every recipe script composes and validates against verl 0.9.1's real config, with the values the paper and the
-authors' scripts state (paper App. H; docs/differences.md#s7-5, #authors-scripts).
+authors' scripts state (paper App. H; docs/differences.md#s7-5, #authors-scripts), resolves to its golden config
+(dry_run_golden.txt), and, on GPU, runs FSDP2 within an 80 GiB memory plan; the schedule-free scripts select the
+optimizer, the trainer mode and the plugin module.
 
 Fast path: each script runs in the launcher's print mode (RPG_PRINT_ARGV=1: bash only, prints the final command as
-JSON), and its overrides are composed + validated in this process by `rpg.launch.compose_and_validate` (verl's
-`validate_config`, verl's dataclasses, the recipe and RPG rules). A few real `RPG_DRY_RUN=1 bash <script>` runs cover
-the shell → `python -m rpg.launch` path end to end.
+JSON), and its overrides are composed + validated in this process (recipe_helpers: `rpg.launch.compose_config`, then
+`rpg.launch.validate`: verl's `validate_config`, verl's dataclasses, the recipe and RPG rules). Every check of every
+script is in this module: parallel workers run a module whole, so each script is composed once (about 1 s each). A
+few real `RPG_DRY_RUN=1 bash <script>` runs cover the shell → `python -m rpg.launch` path end to end.
 """
 
 from __future__ import annotations
@@ -24,11 +27,18 @@ from recipe_helpers import (
     SCRIPTS_4B,
     SCRIPTS_7B,
     SCRIPTS_CPU,
+    composed,
     overrides,
     printed,
     run_script,
     validated,
 )
+
+import rpg.schedule_free as sfm
+from rpg.preflight.gpu import check_memory_plan
+from rpg.tools import dry_run_digest as dd
+
+pytestmark = pytest.mark.slow  # a minute or more (every script composed once): scheduled first (tests/conftest.py)
 
 # The authors' 60 scripts (docs/differences.md#authors-scripts), in our terms:
 # one Row per script; β None: not an RPG loss; kl: verl's KL loss (type, coef) or None; factor: token budget × (P+R)
@@ -133,7 +143,8 @@ ABLATIONS_4B = {  # Fig. 8 (2K clip) and Fig. 9 (4K β and reference): script �
     # the paper's best configuration on verl's colocated asynchronous trainer with token TIS (docs/async.md#modes)
     "run_rpg_reinforce_urkl_4k_async.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "iterative"),
 }
-ALL_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B + SCRIPTS_CPU
+GPU_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B
+ALL_SCRIPTS = GPU_SCRIPTS + SCRIPTS_CPU
 
 
 def _is_schedulefree(script: Path) -> bool:
@@ -175,6 +186,86 @@ def test_script_passes_dry_run(script: Path):
     """Composes + validates (verl's checks, dataclasses, recipe and RPG rules)."""
     v = validated(script)
     assert v.actor is not None and v.rollout is not None
+
+
+# ---- the golden configs (rpg/tools/dry_run_digest.py) -------------------------------------------------------------
+# The launcher's plumbing (common.sh, rpg.launch, rpg.preflight) may be rewritten freely; what a recipe runs may not
+# change by accident. Each script's resolved config, normalised (the checkout's directory written `<repo>`), hashes to
+# its line of dry_run_golden.txt. A deliberate change regenerates the file in the same commit and says why.
+GOLDEN = Path(__file__).with_name("dry_run_golden.txt")
+
+
+def test_golden_lists_every_recipe_script():
+    assert sorted(dd.read_golden(GOLDEN)) == sorted(dd.name(s) for s in dd.scripts()) == sorted(
+        dd.name(s) for s in ALL_SCRIPTS)
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_recipe_resolves_to_its_golden_config(script: Path):
+    assert dd.digest(dd.normalised(composed(script))) == dd.read_golden(GOLDEN)[dd.name(script)], (
+        f"{dd.name(script)} resolves to a different dry-run config than {GOLDEN.name}. See what changed: "
+        "python -m rpg.tools.dry_run_digest --yaml-dir /tmp/new, the same on the previous commit with --yaml-dir "
+        "/tmp/old, then diff -r /tmp/old /tmp/new. If the change is deliberate: "
+        "python -m rpg.tools.dry_run_digest --write tests/recipes/dry_run_golden.txt"
+    )
+
+
+def test_the_digest_sees_a_changed_setting():
+    """The comparison can fail: one changed override changes the digest; the tool's own path (a fresh print of the
+    script, a fresh composition) gives the golden digest."""
+    script = RECIPE / "4b" / "run_dapo_2k.sh"
+    base = dd.digest(dd.normalised_yaml(dd.script_overrides(script)))
+    assert base == dd.read_golden(GOLDEN)[dd.name(script)]
+    assert dd.digest(dd.normalised_yaml(overrides(script) + ["trainer.test_freq=11"])) != base
+
+
+# ---- the GPU scripts: FSDP2 everywhere, a memory plan within 80 GiB (rpg/preflight/gpu.py) -------------------------
+@pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_gpu_recipe_runs_actor_and_reference_on_fsdp2(script):
+    arr = validated(script).config.actor_rollout_ref
+    assert (arr.actor.strategy, arr.ref.strategy) == ("fsdp2", "fsdp2")
+
+
+@pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_gpu_recipe_plans_within_80_gib(script, capsys):
+    cfg = validated(script).config
+    capsys.readouterr()
+    expected = 0.8 if script.parent.name == "7b" else 0.85  # docs/differences.md#d28
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == expected
+    plan = check_memory_plan(cfg, budget_gib=80)
+    assert plan is not None and plan.problems() == []
+    assert max(plan.rollout_gib, plan.update_gib) <= 80 - plan.headroom_gib
+    assert capsys.readouterr().err == plan.line() + "\n"
+
+
+# ---- the schedule-free scripts (rpg/schedule_free.py; docs/schedule-free.md) -------------------------------------
+SF_SCRIPTS = [p for p in ALL_SCRIPTS if _is_schedulefree(p)]
+SF_EXPECTED = [
+    "actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",
+    "actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree",
+    "trainer.use_v1=True",
+    f"trainer.v1.trainer_mode={sfm.TRAINER_MODE}",
+]
+
+
+def test_the_authors_schedule_free_scripts_exist():
+    assert len([p for p in SF_SCRIPTS if p.parent.name == "7b"]) == 30  # 30 of docs/differences.md#authors-scripts
+
+
+@pytest.mark.parametrize("script", SF_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_schedule_free_script_selects_optimizer_trainer_and_module(script):
+    argv = printed(script)["argv"]
+    for override in SF_EXPECTED:
+        assert override in argv
+    # nothing after the optimizer block switches back to AdamW or to another trainer
+    last = {a.split("=", 1)[0]: a for a in argv[3:]}
+    assert all(last[o.split("=", 1)[0]] == o for o in SF_EXPECTED)
+    assert "rpg.schedule_free" in printed(script)["env"]["VERL_USE_EXTERNAL_MODULES"].split(",")
+    v = validated(script)
+    assert sfm.check_config(v.config) is True
+    optim = v.actor.optim
+    assert (optim.weight_decay, tuple(optim.betas), optim.lr_warmup_steps, optim.lr_scheduler_type) == (
+        0.1, (0.9, 0.999), 10, "constant")
 
 
 @pytest.mark.parametrize("row", AUTHORS_7B, ids=lambda r: r.file)
