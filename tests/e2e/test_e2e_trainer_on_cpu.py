@@ -1,4 +1,5 @@
-"""End to end on CPU: verl 0.9.1's unmodified trainer with the RPG plugin, through the project's own launcher.
+"""End to end on CPU: verl 0.9.1's unmodified trainer with the RPG plugin, through the project's own launcher, run
+locally and submitted to a real Ray cluster.
 
 `recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` (common.sh + the CPU profile -> `python -m rpg.launch` -> verl's
 `run_ppo`; the "hf" rollout, DAPO group filtering) runs RPG-REINFORCE-URKL with the `rpg` advantage estimator on the
@@ -6,8 +7,15 @@ tiny model: 2 steps of four prompts × four samples (so DAPO evicts and refills 
 validation before training and after step 2 (32 held-out prompts, 2 samples each), a checkpoint at step 2. Two
 trainer processes, started at once for the tests of this module:
 
-* ``first``   the run above;
-* ``second``  the same run again with the same seed (``CPU_SEED=0``), in its own folder.
+* ``first``   the run above, on the Ray the launcher starts itself;
+* ``second``  the same run with the same seed (``CPU_SEED=0``), in its own folder, submitted with ``RAY_ADDRESS`` to
+  a private Ray head (local_ray_head.py: 127.0.0.1, its own temp dir and ports, 16 CPUs and 1 fake GPU as
+  `ray start --head --num-cpus=16 --num-gpus=1` would give), exactly as a user's cluster gets it: the launcher's
+  defaults (no PYTHON: the job runs `python3 -m rpg.launch` on the cluster), Ray's job-submission SDK
+  (rpg/preflight/ray_submit.py): the repo uploaded as the job's working directory, the `rpg` package as a py_module,
+  the CPU profile's environment in the runtime env, verl's trainer joining the existing cluster. The head uses Ray's
+  token authentication with its own token; the submitting shell has RAY_AUTH_MODE=token and the token's path, as a
+  user's shell needs for such a cluster (recipe/rpg/README.md, "Several nodes").
 
 Checks:
 
@@ -18,21 +26,30 @@ Checks:
   (`training/rollout_probs_diff_mean` ~ 0: the rollout and actor log-probs of the sampled tokens agree);
 * the checkpoint was written at step 2 (resuming from a checkpoint through this trainer is proven on two ranks,
   tests/ranks/test_two_ranks_e2e_on_cpu.py, and with the vLLM rollout, tests/vllm_cpu/test_vllm_e2e_on_cpu.py);
-* same seed, same numbers: every logged number of ``first`` and ``second`` is identical, except wall-clock timings,
-  throughput and memory: validation accuracy, rewards, losses, gradient norms, the RPG KL and the DAPO counts. What
-  makes this hold is documented in rpg/cpu/hf_rollout.py (per-request seeds) and rpg/cpu/sampler.py (batches
-  independent of completion timing).
+* the cluster job: the script prints the submission id and the commands to follow it, follows the job to the end
+  and exits 0; `ray job status` says SUCCEEDED; the job's console lines (one per step) reach the submitting terminal;
+* same seed, same numbers, locally or on a cluster: every logged number of ``first`` and ``second`` is identical,
+  except wall-clock timings, throughput and memory: validation accuracy, rewards, losses, gradient norms, the RPG KL
+  and the DAPO counts. What makes this hold is documented in rpg/cpu/hf_rollout.py (per-request seeds) and
+  rpg/cpu/sampler.py (batches independent of completion timing);
+* a bad override submitted to the cluster fails: the script exits non-zero, the job is FAILED in `ray job status`,
+  and the launcher's error message naming the bad setting is in the job's logs (streamed by the script and kept by
+  Ray).
 
-Cost: two trainer start-ups at the same time, about 2.5 minutes on 2 cores (artifacts/tiny is built once per session
-if missing).
+Cost: the head (~10 s), two trainer start-ups at the same time, one failing launch: about 3 minutes on 2 cores
+(artifacts/tiny is built once per session if missing).
 """
 
 import math
+import os
+import re
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from cpu_trainer import run_cpu_recipe, training_steps
+from cpu_trainer import check_steps, run_cpu_recipe, start_cpu_recipe, training_steps
 
 pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
@@ -42,21 +59,60 @@ SIZES = dict(CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2", CP
 VALIDATION = ["data.val_max_samples=32", "actor_rollout_ref.rollout.val_kwargs.n=2"]
 
 
-def run_trainer(tmp: Path, name: str) -> list[dict]:
-    """2 steps of 2 mini-batches of 2 prompts × 4 responses, validation before training and every 2 steps, a
-    checkpoint every 2 steps; returns the metric records."""
-    overrides = [*VALIDATION, "trainer.save_freq=2", "trainer.val_before_train=True", "trainer.resume_mode=disable"]
-    records, _ = run_cpu_recipe(tmp, name, overrides, CPU_STEPS="2", **SIZES)
-    return records
+BIN = Path(sys.executable).parent  # the project's environment, activated as a user's shell would have it
+RAY = str(BIN / "ray")
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_dir, tmp_path_factory) -> dict:
+def head(tiny_dir):
+    from local_ray_head import LocalRayHead
+
+    h = LocalRayHead(num_cpus=16, num_gpus=1)
+    try:
+        yield h
+    finally:
+        survivors = h.stop()
+    assert not survivors, f"processes of the test's Ray head survived SIGKILL: {survivors}"
+
+
+def job_env(head) -> dict[str, str | None]:
+    """A user's shell that submits to `head`: RAY_ADDRESS, Ray's token settings, the environment's bin on PATH, and
+    no PYTHON (the job runs the launcher's default `python3` on the cluster)."""
+    return {"RAY_ADDRESS": head.address, "PYTHON": None, "PATH": f"{BIN}:{os.environ['PATH']}", **head.client_env}
+
+
+def submission(text: str, head) -> str:
+    """The job id the script printed, with the commands to follow the job."""
+    found = re.search(r"\[rpg\] Ray job submission id: (\S+) \(cluster (\S+)\)", text)
+    assert found, f"no submission id printed:\n{text[-3000:]}"
+    assert found.group(2) == head.address
+    assert f"ray job logs --address {head.address} --follow {found.group(1)}" in text
+    return found.group(1)
+
+
+def ray_job(head, *args: str) -> str:
+    """`ray job <args> --address <head>` as a client of the test's head; stdout + stderr."""
+    env = {k: v for k, v in {**os.environ, **head.client_env}.items() if v is not None}
+    out = subprocess.run([RAY, "job", *args, "--address", head.address], capture_output=True, text=True, env=env,
+                         timeout=60)  # fmt: skip
+    return out.stdout + out.stderr
+
+
+def run_trainer(tmp: Path, name: str, **env: str | None) -> tuple[list[dict], str]:
+    """2 steps of 2 mini-batches of 2 prompts × 4 responses, validation before training and every 2 steps, a
+    checkpoint every 2 steps; returns the metric records and the console text."""
+    overrides = [*VALIDATION, "trainer.save_freq=2", "trainer.val_before_train=True", "trainer.resume_mode=disable"]
+    return run_cpu_recipe(tmp, name, overrides, CPU_STEPS="2", **SIZES, **env)
+
+
+@pytest.fixture(scope="module")
+def runs(head, tmp_path_factory) -> dict:
     dirs = {name: tmp_path_factory.mktemp(name) for name in ("first", "second")}
-    with ThreadPoolExecutor(2) as pool:  # two independent trainers (own Ray each) at once: the critical path halves
-        started = {name: pool.submit(run_trainer, d, name) for name, d in dirs.items()}
-        records = {name: f.result() for name, f in started.items()}
-    return {**records, "ckpt": dirs["first"] / "ckpts"}
+    with ThreadPoolExecutor(2) as pool:  # two independent trainers at once: the critical path halves
+        local = pool.submit(run_trainer, dirs["first"], "first")
+        job = pool.submit(run_trainer, dirs["second"], "second", **job_env(head))
+        (first, _), (second, second_text) = local.result(), job.result()
+    return {"first": first, "second": second, "second_text": second_text, "ckpt": dirs["first"] / "ckpts"}
 
 
 def finite(value) -> bool:
@@ -95,10 +151,28 @@ def test_train_validate_checkpoint(runs):
     assert (runs["ckpt"] / "global_step_2" / "actor").is_dir()
 
 
-def test_same_seed_same_numbers(runs):
+def test_the_job_on_the_cluster_succeeds(runs, head):
+    text = runs["second_text"]
+    assert "succeeded" in ray_job(head, "status", submission(text, head)).lower()
+    check_steps(runs["second"], text, [1, 2])  # the job's console lines reach the submitting terminal
+
+
+def test_same_seed_same_numbers_locally_and_on_a_cluster(runs):
     first, second = by_step(runs["first"]), by_step(runs["second"])
     assert sorted(first) == [0, 1, 2]
     assert any(k.startswith("val-core/") for k in first[0]) and "actor/rpg/kl" in first[2]
     for step in first:
         diff = {k: (v, second[step].get(k)) for k, v in first[step].items() if second[step].get(k) != v}
         assert not diff and first[step].keys() == second[step].keys(), f"step {step} differs: {diff}"
+
+
+def test_a_failing_job_is_reported_as_failed(head, tmp_path):
+    rc, text = start_cpu_recipe(tmp_path, "bad", ["actor_rollout_ref.actor.ppo_epochs=banana"], timeout_s=600,
+                                **job_env(head), **SIZES)  # fmt: skip
+    assert rc != 0, f"a bad override exited 0:\n{text[-3000:]}"
+    job_id = submission(text, head)
+    status = ray_job(head, "status", job_id)
+    assert "failed" in status.lower(), status
+    logs = ray_job(head, "logs", job_id)
+    error = "actor_rollout_ref.actor.ppo_epochs='banana' has type str; expected int"  # rpg.launch, inside the job
+    assert error in logs and error in text, logs[-3000:]

@@ -4,7 +4,9 @@ Named in ``VERL_USE_EXTERNAL_MODULES`` (with this folder on ``PYTHONPATH``), it 
 "async")`` rollout as `ProbeServerAdapter`: verl's own ``ServerAdapter``, whose ``update_weights`` first prints
 ``[sync_probe] weights <- step N`` (one line per sync on the console), then
 
-* forwards the weights to the engine, as verl does; or, with ``RPG_TEST_SYNC=first-only``,
+* forwards the weights to the engine, as verl does, and prints ``[sync_probe] step N: weights sum S`` (the float64 sum
+  of every pushed tensor: a fingerprint that tells which parameter set was pushed, e.g. schedule-free's x or y, where
+  the rollout−actor gap cannot, as in bf16); or, with ``RPG_TEST_SYNC=first-only``,
 * forwards only the first call of each actor worker (at start-up: verl starts vLLM with ``load_format=dummy``, so
   that call is what loads the policy at all) and drains and drops every later one (``[sync_probe] dropped ...``).
   The rollout then samples from a stale policy, and ``training/rollout_probs_diff_mean`` must grow: the negative
@@ -14,6 +16,7 @@ The class is built on first use (module ``__getattr__``, which verl's ``get_roll
 importing this module in processes that never build a rollout does not import vLLM.
 """
 
+import math
 import os
 
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY
@@ -37,10 +40,22 @@ def _build():
                     pass
                 print(f"[sync_probe] dropped the weights of step {global_steps}", flush=True)
                 return None
-            return await super().update_weights(weights, global_steps=global_steps, **kwargs)
+            if kwargs.get("wire_format", "named_tensors") != "named_tensors":  # delta payloads: not tensors to sum
+                return await super().update_weights(weights, global_steps=global_steps, **kwargs)
+            sums = []
+            result = await super().update_weights(_summed(weights, sums), global_steps=global_steps, **kwargs)
+            print(f"[sync_probe] step {global_steps}: weights sum {math.fsum(sums)!r}", flush=True)
+            return result
 
     ProbeServerAdapter.__module__ = __name__
     return ProbeServerAdapter
+
+
+def _summed(weights, sums: list):
+    """Yields `weights` ((name, tensor) pairs) unchanged, appending each tensor's float64 sum to `sums`."""
+    for name, tensor in weights:
+        sums.append(tensor.detach().double().sum().item())
+        yield name, tensor
 
 
 def __getattr__(name):

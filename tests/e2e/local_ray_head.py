@@ -1,4 +1,4 @@
-"""A real, private Ray head on 127.0.0.1 for the cluster-submission test (test helper).
+"""A real, private Ray head on 127.0.0.1 for the cluster submission of tests/e2e/test_e2e_trainer_on_cpu.py (test helper).
 
 `ray start --head --block` in its own session, with its own temp dir (short, for Ray's unix sockets) and its own free
 ports (GCS, dashboard/job API, client server, node/object managers, agents, metrics, worker range), started from the
@@ -107,7 +107,7 @@ class LocalRayHead:
         return list(procs.values())
 
     def stop(self) -> list[psutil.Process]:
-        """Terminate this head's processes (SIGTERM, then SIGKILL after 20 s); remove its temp dir. Returns the
+        """Terminate this head's processes (SIGTERM, then SIGKILL after 5 s); remove its temp dir. Returns the
         processes still alive afterwards (none expected)."""
         procs = self.processes()
         for p in procs:
@@ -115,7 +115,7 @@ class LocalRayHead:
                 p.send_signal(signal.SIGTERM)
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(procs, timeout=20)
+        _, alive = psutil.wait_procs(procs, timeout=5)  # some of Ray's processes sit out SIGTERM: do not wait long
         for p in alive:
             try:
                 p.kill()
