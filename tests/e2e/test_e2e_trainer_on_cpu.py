@@ -57,8 +57,6 @@ pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/confte
 TIMING_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
 SIZES = dict(CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2", CPU_SEED="0")
 VALIDATION = ["data.val_max_samples=32", "actor_rollout_ref.rollout.val_kwargs.n=2"]
-
-
 BIN = Path(sys.executable).parent  # the project's environment, activated as a user's shell would have it
 RAY = str(BIN / "ray")
 
