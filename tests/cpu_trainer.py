@@ -69,6 +69,11 @@ def run_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "ru
     return [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()], text
 
 
+def finite(value) -> bool:
+    """A logged metric that is a finite number (a missing metric, None, is not)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def training_steps(records: list[dict]) -> dict[int, dict]:
     """step -> metrics of the training steps (records that carry actor/pg_loss)."""
     return {r["step"]: r["data"] for r in records if "actor/pg_loss" in r["data"]}
@@ -88,7 +93,6 @@ def check_steps(records: list[dict], console: str, steps: list[int]) -> dict[int
     for step, data in train.items():
         rpg = {k: v for k, v in data.items() if k.startswith("actor/rpg/")}
         assert rpg, f"step {step}: no actor/rpg/* metrics"
-        bad = {k: v for k, v in {**rpg, "actor/pg_loss": data["actor/pg_loss"]}.items()
-               if not (isinstance(v, (int, float)) and math.isfinite(v))}  # fmt: skip
+        bad = {k: v for k, v in {**rpg, "actor/pg_loss": data["actor/pg_loss"]}.items() if not finite(v)}
         assert not bad, f"step {step}: non-finite metrics {bad}"
     return train

@@ -49,14 +49,25 @@ def name(script: Path) -> str:
     return f"{script.parent.name}/{script.name}"
 
 
-def script_overrides(script: Path) -> list[str]:
-    """The Hydra overrides the script passes to `python -m rpg.launch` (its printed argv after `-m rpg.launch`)."""
-    proc = subprocess.run(["bash", str(script)], env=recipe_env(RPG_PRINT_ARGV="1", RPG_DRY_RUN="1"), capture_output=True, text=True, timeout=120, cwd=REPO)
+def printed(script: Path) -> dict:
+    """The launcher's final command as JSON (`RPG_PRINT_ARGV=1`: bash only, no Python start): `argv` and `env`."""
+    env = recipe_env(RPG_PRINT_ARGV="1", RPG_DRY_RUN="1")
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(f"{name(script)}: RPG_PRINT_ARGV=1 failed:\n{proc.stderr}")
-    argv = json.loads(proc.stdout)["argv"]
+    return json.loads(proc.stdout)
+
+
+def launch_overrides(command: dict) -> list[str]:
+    """The Hydra overrides of a printed command (its argv after `python -m rpg.launch`)."""
+    argv = command["argv"]
     assert argv[1:3] == ["-m", "rpg.launch"], argv[:3]
     return argv[3:]
+
+
+def script_overrides(script: Path) -> list[str]:
+    """The Hydra overrides the script passes to `python -m rpg.launch`."""
+    return launch_overrides(printed(script))
 
 
 def normalised(config) -> str:

@@ -21,20 +21,15 @@ validation after the last step (docs/async.md#bypass, docs/async.md#modes):
 Cost: about 2 × 1.5-2.5 minutes on 2 cores. Needs artifacts/tiny (rpg.tools.tiny_model, built once, reused).
 """
 
-import math
 import re
 
 import pytest
-from cpu_trainer import run_cpu_recipe, training_steps
+from cpu_trainer import finite, run_cpu_recipe, training_steps
 
 pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 STALENESS = "training/off_policy/trajectory_staleness"
 VAL = "val-core/math_dapo/acc/mean@1"
-
-
-def finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def check_common(records: list[dict]) -> dict[int, dict]:

@@ -40,7 +40,6 @@ Cost: the head (~10 s), two trainer start-ups at the same time, one failing laun
 (artifacts/tiny is built once per session if missing).
 """
 
-import math
 import os
 import re
 import subprocess
@@ -49,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from cpu_trainer import check_steps, run_cpu_recipe, start_cpu_recipe, training_steps
+from cpu_trainer import check_steps, finite, run_cpu_recipe, start_cpu_recipe, training_steps
 
 pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
@@ -111,10 +110,6 @@ def runs(head, tmp_path_factory) -> dict:
         job = pool.submit(run_trainer, dirs["second"], "second", **job_env(head))
         (first, _), (second, second_text) = local.result(), job.result()
     return {"first": first, "second": second, "second_text": second_text, "ckpt": dirs["first"] / "ckpts"}
-
-
-def finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def check_training_steps(records: list[dict], steps: list[int]) -> None:

@@ -7,15 +7,15 @@ folder, which pytest puts on sys.path.)"""
 from __future__ import annotations
 
 import functools
-import json
 import subprocess
 from pathlib import Path
 
-# the environment without the knobs a developer may have exported (the tests see the scripts' own defaults)
-from rpg.tools.dry_run_digest import recipe_env as clean_env
+from rpg.tools import dry_run_digest as dd
 
-REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "recipe" / "rpg"
+# the environment without the knobs a developer may have exported (the tests see the scripts' own defaults)
+clean_env = dd.recipe_env
+
+REPO, RECIPE = dd.REPO, dd.RECIPE
 SCRIPTS_7B = sorted((RECIPE / "7b").glob("*.sh"))
 SCRIPTS_4B = sorted((RECIPE / "4b").glob("*.sh"))
 SCRIPTS_CPU = sorted((RECIPE / "cpu").glob("run_*.sh"))
@@ -29,16 +29,12 @@ def run_script(script: Path, *args: str, **env: str) -> subprocess.CompletedProc
 
 @functools.lru_cache(maxsize=None)
 def printed(script: Path) -> dict:
-    """The launcher's final argv/env as JSON (RPG_PRINT_ARGV=1); fails the test if the script errors."""
-    proc = run_script(script, RPG_PRINT_ARGV="1", RPG_DRY_RUN="1")
-    assert proc.returncode == 0, f"{script.name} failed:\n{proc.stderr}"
-    return json.loads(proc.stdout)
+    """The launcher's final argv/env as JSON (RPG_PRINT_ARGV=1; cached); fails the test if the script errors."""
+    return dd.printed(script)
 
 
 def overrides(script: Path) -> list[str]:
-    argv = printed(script)["argv"]
-    assert argv[1:3] == ["-m", "rpg.launch"], argv[:3]
-    return argv[3:]
+    return dd.launch_overrides(printed(script))
 
 
 @functools.lru_cache(maxsize=None)

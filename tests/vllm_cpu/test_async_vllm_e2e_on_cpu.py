@@ -12,19 +12,13 @@ step 1 (π_old recomputed at the sampling weights), validation finite. About 2-3
 
 from __future__ import annotations
 
-import math
-
 import pytest
-from cpu_trainer import run_cpu_recipe, training_steps
+from cpu_trainer import finite, run_cpu_recipe, training_steps
 
 pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 GAP = "training/rollout_probs_diff_mean"
 STALENESS = "training/off_policy/trajectory_staleness"
-
-
-def finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def test_colocate_async_with_vllm(tiny_dir, tmp_path):

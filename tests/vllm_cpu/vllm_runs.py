@@ -31,18 +31,15 @@ The gaps are printed (`-s`, or the report of a failure).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
+
+from cpu_trainer import finite
 
 HERE = Path(__file__).resolve().parent
 GAP = "training/rollout_probs_diff_mean"
 SIZES = dict(CPU_ROLLOUT="vllm", CPU_BATCH="4", CPU_N="4", CPU_MINI_BATCH="2", CPU_SEED="0")
 SMALL_VAL = ["data.val_max_samples=32"]
 PROBE = dict(VERL_USE_EXTERNAL_MODULES="sync_probe", PYTHONPATH=str(HERE))
-
-
-def finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def gaps(train: dict[int, dict]) -> dict[int, float]:
