@@ -19,7 +19,7 @@ import verl  # noqa: F401  (loads the rpg plugin through the verl.plugins entry 
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 from verl.workers.config import ActorConfig
 
-from rpg.config import RPGPolicyLossConfig
+from rpg.loss_config import RPGPolicyLossConfig
 from rpg.loss_table import LOSSES
 
 

@@ -16,7 +16,7 @@ __all__ = ["RPGPolicyLossConfig"]
 def __getattr__(name):  # lazy: `rpg.RPGPolicyLossConfig` (Hydra `_target_`) without importing verl at `import rpg`
     if name == "RPGPolicyLossConfig":
         import rpg.reference  # noqa: F401  (its installer runs when the config is built, also if plugins are off)
-        from rpg.config import RPGPolicyLossConfig
+        from rpg.loss_config import RPGPolicyLossConfig
 
         return RPGPolicyLossConfig
     raise AttributeError(f"module 'rpg' has no attribute {name!r}")

@@ -95,9 +95,10 @@ def _times(factor: Scalar, x: Tensor) -> Tensor:
     return x if isinstance(factor, float) and factor == 1.0 else factor * x
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Divergence:
-    """One row of the divergence table: `T = ρ·p + w·q` and `C_KL/β = a·ρ + w·b` (module docstring).
+    """One row of the divergence table: `T = ρ·p + w·q` and `C_KL/β = a·ρ + w·b` (module docstring). Built with
+    keywords only (`kw_only`): a row names every field it sets.
 
     Attributes:
         name: short name used in loss names (`rpg_<name>`, `rpg_reinforce_<name>`).
@@ -163,29 +164,32 @@ class Divergence:
         return out
 
     def kl_adv(
-        self, log_w_kl: Tensor, log_w: Tensor, log_rho: Scalar, beta: float,
+        self, log_w: Tensor, log_rho: Scalar, beta: float, *, log_w_kl: Optional[Tensor],
         w: Optional[Tensor] = None, kl: Optional[Tensor] = None,
     ) -> Tensor:  # fmt: skip
         """β·C_KL(w_k)/w = a·β·(ρ/w) + β·(w_k/w)·b(log w_k), the KL part of the REINFORCE effective advantage
         A' = A + C/w (Algorithm 2 line 14: C at w_k = w̄ or w, divided by the raw w). Detached inputs; a new tensor.
 
+        `log_w_kl` says where C_KL is evaluated, and nothing else does: None for the raw ratio (w_k = w), else the
+        log-ratio log w_k (e.g. log w̄), even when its values equal `log_w`. The formula is chosen by this argument and
+        by what is given, never by tensor identity, so a copy of an input cannot change the result.
+
         With a constant ρ (Python-scalar log ρ) and the raw ratio `w` given, it is one division of `kl` = β·C_KL(w_k)
-        (computed here if w_k = w) by w, without exponentials: within the guard |C_KL| ≤ 61·e^60 and 1/w ≤ e^60, so
-        C/w is finite in float32. Only with a tensor ρ can ρ/w reach e^120; then the sum above (`scaled_ratio`)."""
-        exponentials = bool(self.kl_rho) or (self.kl_w is not None and log_w_kl is not log_w)
-        if exponentials and w is not None and isinstance(log_rho, float) and (kl is not None or log_w_kl is log_w):
+        (given, or computed here when w_k = w) by w, without exponentials: within the guard |C_KL| ≤ 61·e^60 and
+        1/w ≤ e^60, so C/w is finite in float32. Only with a tensor ρ can ρ/w reach e^120; then the sum above
+        (`scaled_ratio`)."""
+        exponentials = bool(self.kl_rho) or (self.kl_w is not None and log_w_kl is not None)
+        if exponentials and w is not None and isinstance(log_rho, float) and (kl is not None or log_w_kl is None):
             if kl is None:
                 kl = self.kl_component(log_w, w, log_rho, math.exp(log_rho)).mul_(beta)
             return kl / w
         out = _scaled_inverse(log_w, log_rho, beta * self.kl_rho) if self.kl_rho else None
         if self.kl_w is not None:
-            b = self.kl_w(log_w_kl, log_rho)
-            if log_w_kl is not log_w:  # β·(w_k/w)·b
-                w_part = torch.exp(log_w_kl - log_w).mul_(beta).mul_(b)
-            elif isinstance(b, float):
-                w_part = torch.full_like(log_w, beta * b)
-            else:
-                w_part = b * beta
+            if log_w_kl is not None:  # β·(w_k/w)·b(log w_k)
+                w_part = torch.exp(log_w_kl - log_w).mul_(beta).mul_(self.kl_w(log_w_kl, log_rho))
+            else:  # w_k = w: β·b(log w)
+                b = self.kl_w(log_w, log_rho)
+                w_part = torch.full_like(log_w, beta * b) if isinstance(b, float) else b * beta
             out = w_part if out is None else out.add_(w_part)
         return out
 
@@ -239,14 +243,29 @@ DIVERGENCES: dict[str, Divergence] = {
     d.name: d
     for d in (
         # FKL: T = −ρ·log w; C_KL/β = ρ (Prop. E.1 weight `w·R + β`)
-        Divergence("fkl", "FKL", "KL(π_ref‖π_θ)", _fkl_p, None, 1.0, None, False, False, False),
+        Divergence(
+            name="fkl", paper_name="FKL", objective="KL(π_ref‖π_θ)",
+            table_rho=_fkl_p, table_w=None, kl_rho=1.0, kl_w=None,
+            reverse=False, authors_clamp=False, ratio_dependent_kl=False,
+        ),
         # RKL: T = w·log(w/ρ); C_KL/β = −w·(log(w/ρ) + 1) (Prop. E.3)
-        Divergence("rkl", "RKL", "KL(π_θ‖π_ref)", None, _log_r, 0.0, _rkl_b, True, True, True),
+        Divergence(
+            name="rkl", paper_name="RKL", objective="KL(π_θ‖π_ref)",
+            table_rho=None, table_w=_log_r, kl_rho=0.0, kl_w=_rkl_b,
+            reverse=True, authors_clamp=True, ratio_dependent_kl=True,
+        ),
         # UFKL: T = ρ·k3(w/ρ) = w − ρ − ρ·log(w/ρ) (Table 1, Remark 3.3); C_KL/β = ρ − w (Prop. 3.2)
-        Divergence("ufkl", "UFKL", "UKL(π_ref‖π_θ)", _ufkl_p, _one, 1.0, _minus_one, False, True, True),
+        Divergence(
+            name="ufkl", paper_name="UFKL", objective="UKL(π_ref‖π_θ)",
+            table_rho=_ufkl_p, table_w=_one, kl_rho=1.0, kl_w=_minus_one,
+            reverse=False, authors_clamp=True, ratio_dependent_kl=True,
+        ),
         # URKL: T = w·log(w/ρ) − w (Table 1), D̂ = T + ρ = w·k3(ρ/w) (Remark 3.7); C_KL/β = −w·log(w/ρ) (Prop. 3.6)
-        Divergence("urkl", "URKL", "UKL(π_θ‖π_ref)", None, _log_r_minus_1, 0.0, _neg_log_r, True, True, True,
-                   surrogate_adds_rho=True),
+        Divergence(
+            name="urkl", paper_name="URKL", objective="UKL(π_θ‖π_ref)",
+            table_rho=None, table_w=_log_r_minus_1, kl_rho=0.0, kl_w=_neg_log_r,
+            reverse=True, authors_clamp=True, ratio_dependent_kl=True, surrogate_adds_rho=True,
+        ),
     )
 }  # fmt: skip
 

@@ -1,6 +1,6 @@
 """The loss table: one row per registered RPG policy loss, built from the divergence table.
 
-Registration (`rpg.verl_plugin`), config validation (`rpg.config`), the launcher's rules, `python -m rpg.launch
+Registration (`rpg.verl_plugin`), config validation (`rpg.loss_config`), the launcher's rules, `python -m rpg.launch
 --list` and the README's loss table all read it. It depends only on `rpg.divergences`, so every other module can
 import it (docs/losses.md for what each family computes).
 """
@@ -66,7 +66,7 @@ class LossSpec:
         divergence: the row of `rpg.divergences.DIVERGENCES` the loss is built from.
         needs_reference: the loss needs verl's reference model even with `reference=iterative` (`ref_log_prob`).
         options: the `RPGPolicyLossConfig` options that change this loss (`kl_clamp` and `kl_ratio` not for FKL,
-            see `_acts_on`); the `ref_refresh_*` options apply to any loss with `reference=periodic` (`rpg.config`).
+            see `_acts_on`); the `ref_refresh_*` options apply to any loss with `reference=periodic` (`rpg.loss_config`).
         clip_fields: the verl actor clip fields the loss reads (validated at compose time and by the loss).
         paper_row, description, authors: for `--list` and the README (the authors' `kl_loss_type`).
     """

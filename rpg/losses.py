@@ -52,7 +52,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from rpg import reference
-from rpg.config import RPGPolicyLossConfig, clip_settings, rpg_settings
+from rpg.loss_config import RPGPolicyLossConfig, clip_settings, rpg_settings
 from rpg.divergences import LOG_RATIO_GUARD, Divergence, guarded_log_ratio, scaled_ratio
 from rpg.loss_table import (  # noqa: F401  (re-exported: rpg.launch and the tests import them from here)
     DUAL_CLIP, FAMILIES, FD, HARDCLIP, LOSSES, RATIO_CLIP, REINFORCE, VERL_CLIP_FIELDS, Family, LossSpec,
@@ -70,7 +70,7 @@ POS_GRAD, POS_FLAT_HIGH, NEG_FLAT_LOW, NEG_GRAD, NEG_FLAT_C = range(5)
 class ClipParams:
     """Ratio clip of RPG-Style Clip: w̄ = clip(w, 1−ε1, 1+ε2); dual-clip bound c > 1 for negative advantages.
 
-    No defaults here: the values are verl's actor fields (`rpg.config.clip_settings`), the paper's are set by the
+    No defaults here: the values are verl's actor fields (`rpg.loss_config.clip_settings`), the paper's are set by the
     recipes."""
 
     eps_low: float
@@ -249,11 +249,11 @@ def rpg_reinforce(
             log_w_kl = log_w.clamp(math.log(1.0 - clip.eps_low), math.log(1.0 + clip.eps_high))
             w_kl = w_bar
         elif kl_ratio == "raw":
-            log_w_kl, w_kl = log_w, w
+            log_w_kl, w_kl = None, w
         else:
             raise ValueError(f"kl_ratio={kl_ratio!r}; choose 'clipped' or 'raw'")
-        kl_c = div.kl_component(log_w_kl, w_kl, log_rho, rho).mul_(beta)
-        kl_adv = div.kl_adv(log_w_kl, log_w, log_rho, beta, w=w, kl=kl_c)  # C/w (Algorithm 2 line 14: the raw w)
+        kl_c = div.kl_component(log_w if log_w_kl is None else log_w_kl, w_kl, log_rho, rho).mul_(beta)
+        kl_adv = div.kl_adv(log_w, log_rho, beta, log_w_kl=log_w_kl, w=w, kl=kl_c)  # C/w (Alg. 2 line 14: the raw w)
         if branch_on == "effective_advantage":
             positive = (adv + kl_adv) >= 0
         elif branch_on == "advantage":
@@ -289,7 +289,7 @@ def metric_statistics(out: TokenLoss, div: Divergence, beta: float) -> Tensor:
         counts = left.view(torch.uint8).flatten(1).sum(1, dtype=torch.int32)
         valid = _as_float(mask, w.dtype)
         w_valid = w * valid  # w > 0 on valid tokens: the 0 of padding is never the maximum
-        kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_w, out.log_rho, beta, w=w)
+        kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_rho, beta, log_w_kl=None, w=w)
         # padding holds log w = 0, A = 0 and a zero KL estimate (w = ρ = 1): their sums need no mask
         sums = torch.stack([
             w_valid.sum(), out.log_w.sum(), div.estimate(out.log_w, w, out.log_rho, out.rho).sum(),

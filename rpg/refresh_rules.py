@@ -1,5 +1,5 @@
 """The valid settings of the periodic reference's refresh schedule (paper §5, "Iterative reference updates"), checked
-in one place: by `rpg.config.RPGPolicyLossConfig` (its `ref_refresh_*` fields) and by
+in one place: by `rpg.loss_config.RPGPolicyLossConfig` (its `ref_refresh_*` fields) and by
 `rpg.reference.schedule.RefreshSchedule` (its arguments). Pure Python; imports nothing from rpg."""
 
 from __future__ import annotations

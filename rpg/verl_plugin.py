@@ -3,7 +3,7 @@
 verl 0.9.1 imports this module on `import verl` in every process (driver, TaskRunner, workers) through the
 `[project.entry-points."verl.plugins"] rpg = "rpg.verl_plugin"` entry point. Registering names is all it does: no verl
 function or class is wrapped here, so a verl run that selects no RPG feature runs verl's own code. Importing
-`rpg.reference` registers its installer with `rpg.config.on_build`: the adapter a reference mode needs is installed
+`rpg.reference` registers its installer with `rpg.loss_config.on_build`: the adapter a reference mode needs is installed
 only when a run's `RPGPolicyLossConfig` is built and asks for it (`rpg.reference`).
 
 verl swallows plugin import errors at DEBUG level, so this module is deliberately small;
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY, register_adv_est, register_policy_loss
 
-import rpg.reference  # noqa: F401  (registers the reference installer with rpg.config.on_build in every verl process)
+import rpg.reference  # noqa: F401  (registers the reference installer with rpg.loss_config.on_build in every verl process)
 from rpg.advantages import ADVANTAGE_ESTIMATORS
 from rpg.loss_table import LOSSES
 from rpg.losses import make_policy_loss

@@ -16,7 +16,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 from verl.workers.config import ActorConfig
 
 import rpg.losses as L
-from rpg.config import RPGPolicyLossConfig
+from rpg.loss_config import RPGPolicyLossConfig
 from rpg.reference import adapter
 
 SYNCING = {"item", "tolist", "cpu", "numpy", "nonzero", "argwhere", "masked_select", "new_tensor", "tensor",

@@ -17,7 +17,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 import rpg.losses as L
-from rpg.config import RPGPolicyLossConfig, option_defaults
+from rpg.loss_config import RPGPolicyLossConfig, option_defaults
 from rpg.divergences import DIVERGENCES
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -11,7 +11,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, compute_
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 import rpg.losses as L
-from rpg.config import RPGPolicyLossConfig
+from rpg.loss_config import RPGPolicyLossConfig
 from rpg.divergences import DIVERGENCES
 from rpg_oracles import DIVS, weight
 from verl_batch import actor_config

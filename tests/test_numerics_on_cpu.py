@@ -37,7 +37,8 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 from verl.workers.config import ActorConfig
 
 import rpg.losses as L
-from rpg.config import RPGPolicyLossConfig
+from rpg.divergences import DIVERGENCES
+from rpg.loss_config import RPGPolicyLossConfig
 
 GRID = [-60.0, -50.0, -44.0, -30.0, -19.0, -11.0, -1.0, 0.0, 1.0, 11.0, 19.0, 30.0, 44.0, 50.0, 60.0]
 ADVANTAGES = [0.5, -0.5]
@@ -182,3 +183,25 @@ def test_finite_and_exact_up_to_the_guard(name, options, reference, dtype, monke
         if abs(got - exact) > TOLERANCE[dtype] * max(scale, 1e-30):
             wrong.append((lw, lr, a, got, exact))
     assert not wrong, f"{len(wrong)} inexact gradients (log w, log ρ, A, got, exact): {wrong[:6]}"
+
+
+@pytest.mark.parametrize("div", sorted(DIVERGENCES))
+def test_kl_adv_is_chosen_by_its_arguments_not_by_tensor_identity(div):
+    """`Divergence.kl_adv` evaluates C_KL where its `log_w_kl` argument says (None: at the raw w), whichever tensor
+    object carries the values: a copy of the ratio gives the same bits, and each choice equals β·C_KL(w_k)/w of the
+    closed form above. The old code chose its formula by `log_w_kl is not log_w`, so a `.clone()` of log w changed
+    FKL's and UFKL's float32 results."""
+    d = DIVERGENCES[div]
+    torch.manual_seed(0)
+    log_w = torch.cat([torch.tensor(GRID), torch.empty(256).uniform_(-60.0, 60.0)])
+    w = log_w.exp()
+    log_w_bar = log_w.clamp(math.log(1.0 - EPS_LOW), math.log(1.0 + EPS_HIGH))
+    for at in (log_w, log_w_bar):
+        same = d.kl_adv(log_w, 0.0, BETA, log_w_kl=at, w=w)
+        assert torch.equal(same, d.kl_adv(log_w, 0.0, BETA, log_w_kl=at.clone(), w=w))
+    for at in (None, log_w, log_w_bar):
+        got = d.kl_adv(log_w, 0.0, BETA, log_w_kl=at, w=w)
+        for j, lw in enumerate(log_w.tolist()):
+            value, terms = kl_weight(div, lw if at is None else at[j].item(), 0.0)
+            scale = BETA * sum(abs(t) for t in terms) / math.exp(lw)
+            assert abs(got[j].item() - BETA * value / math.exp(lw)) <= TOLERANCE[torch.float32] * scale, (at, lw)

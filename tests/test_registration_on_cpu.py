@@ -35,7 +35,7 @@ def test_plain_import_verl_registers_everything():
 import pytest
 
 
-@pytest.mark.parametrize("first", ["rpg.config", "rpg.losses", "rpg.advantages", "rpg.divergences", "rpg"])
+@pytest.mark.parametrize("first", ["rpg.loss_config", "rpg.losses", "rpg.advantages", "rpg.divergences", "rpg"])
 def test_any_import_order_registers_everything(first):
     """Importing an rpg module before verl must not break verl's plugin loading (a half-initialised module)."""
     probe = f"import {first}\n" + PROBE

@@ -52,7 +52,7 @@ PRELUDE = textwrap.dedent(
 
 SCOPE = PRELUDE + textwrap.dedent(
     """
-    from rpg.config import RPGPolicyLossConfig
+    from rpg.loss_config import RPGPolicyLossConfig
     from rpg.loss_table import LOSSES
 
     out = {"import": state(),
@@ -111,7 +111,7 @@ GUARD = PRELUDE + textwrap.dedent(
     """
     import importlib.metadata
     exec(sys.argv[2])  # the sabotage: a fake verl version or a changed signature
-    from rpg.config import RPGPolicyLossConfig
+    from rpg.loss_config import RPGPolicyLossConfig
     try:
         RPGPolicyLossConfig(**json.loads(sys.argv[1]))
         error = None

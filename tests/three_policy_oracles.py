@@ -27,7 +27,7 @@ from verl.workers.config import ActorConfig
 
 import rpg.losses as L
 import rpg.reference
-from rpg.config import RPGPolicyLossConfig
+from rpg.loss_config import RPGPolicyLossConfig
 from rpg_oracles import K, grad_log_pi
 
 BETA = 0.3  # large β so that the KL part of every check is far above float64 noise

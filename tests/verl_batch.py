@@ -63,7 +63,7 @@ def actor_config(loss_mode: str = "rpg_urkl", *, strategy: str = "fsdp", low: fl
     kl_coef or reference; verl's own loss modes take none)."""
     from verl.workers.config import ActorConfig
 
-    from rpg.config import RPGPolicyLossConfig
+    from rpg.loss_config import RPGPolicyLossConfig
 
     return ActorConfig(strategy=strategy, rollout_n=1, ppo_micro_batch_size_per_gpu=micro, clip_ratio_low=low,
                        clip_ratio_high=high, clip_ratio_c=c, loss_agg_mode=agg,

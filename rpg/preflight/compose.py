@@ -9,7 +9,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-# A folder next to the `rpg.config` module, so addressed by path (a `pkg://rpg.config` would name the module);
+# The package's config folder (data, no __init__.py), addressed by path;
 # rpg_trainer.yaml puts verl's `pkg://verl.trainer.config` on Hydra's search path itself.
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 CONFIG_NAME = "rpg_trainer"
@@ -24,8 +24,8 @@ POLICY_LOSS_PREFIX = "actor_rollout_ref.actor.policy_loss."
 
 def _rpg_only_fields() -> frozenset:
     """The settings `RPGPolicyLossConfig` adds to verl's `PolicyLossConfig` (kl_coef, reference, ...): verl's yaml
-    has no such key, and a recipe passes one only when it sets it (the defaults live in rpg/config.py)."""
-    from rpg.config import RPGPolicyLossConfig
+    has no such key, and a recipe passes one only when it sets it (the defaults live in rpg/loss_config.py)."""
+    from rpg.loss_config import RPGPolicyLossConfig
     from verl.workers.config import PolicyLossConfig
 
     return frozenset(f.name for f in dataclasses.fields(RPGPolicyLossConfig)) - {

@@ -218,7 +218,7 @@ def build_overrides(knobs: Dict[str, str], repo: str, script: str) -> List[str]:
         common.append(f"+data.apply_chat_template_kwargs.enable_thinking={get('ENABLE_THINKING')}")
     if loss_mode.startswith("rpg_") or loss_mode == "grpo_wk3":
         common.append("actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig")
-        # RPGPolicyLossConfig fields (new to verl's yaml: `+`), only when set: the defaults live in rpg/config.py
+        # RPGPolicyLossConfig fields (new to verl's yaml: `+`), only when set: the defaults live in rpg/loss_config.py
         names = ["KL_COEF", "REFERENCE"] + (["REF_REFRESH_STEPS", "REF_REFRESH_KL"] if reference == "periodic" else [])
         keys = {knob.name: knob.key for knob in KNOBS}
         common += [f"{keys[name]}={get(name)}" for name in names if get(name)]

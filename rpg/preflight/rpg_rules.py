@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from rpg.preflight.compose import RecipeConfigError, _detached
 
-RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.config.RPGPolicyLossConfig")
+RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.loss_config.RPGPolicyLossConfig")
 
 
 def is_rpg_loss(loss_mode: str) -> bool:
@@ -26,7 +26,7 @@ def _registries():
     import verl  # noqa: F401  (loads the `verl.plugins` entry points, i.e. registers the RPG losses/estimators)
 
     # verl swallows plugin import errors; import the plugin explicitly so a broken plugin fails loudly here (and a
-    # registration skipped because `rpg.config` was mid-import when verl loaded its plugins happens now).
+    # registration skipped because `rpg.loss_config` was mid-import when verl loaded its plugins happens now).
     import rpg.verl_plugin  # noqa: F401
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
 
@@ -53,11 +53,11 @@ def check_registered(config: DictConfig) -> None:
 
 def _rpg_policy_loss(config: DictConfig):
     """Instantiate `actor.policy_loss` as `RPGPolicyLossConfig` (its __post_init__ validates every field against the
-    loss table; the `rpg.config.on_build` hook that `rpg.reference` registers then installs what the run needs from
+    loss table; the `rpg.loss_config.on_build` hook that `rpg.reference` registers then installs what the run needs from
     verl, failing here if this verl is not supported)."""
     from hydra.errors import InstantiationException
 
-    from rpg.config import RPGPolicyLossConfig
+    from rpg.loss_config import RPGPolicyLossConfig
     from verl.utils.config import omega_conf_to_dataclass
 
     policy_loss = config.actor_rollout_ref.actor.policy_loss
@@ -80,7 +80,7 @@ def _rpg_policy_loss(config: DictConfig):
 def _rule_bypass(config: DictConfig, settings) -> Optional[str]:
     """Bypass mode (π_old := μ, docs/async.md#bypass) runs the RPG loss in the v1 trainer only; there it skips the
     rollout correction, so TIS weights or rejection sampling set next to it would be silently ignored."""
-    from rpg.config import bypass_error
+    from rpg.loss_config import bypass_error
 
     corr = config.algorithm.get("rollout_correction", None) or {}
     if not corr.get("bypass_mode", False):
@@ -188,8 +188,8 @@ def validate_rpg(config: DictConfig):
     * every clip field the loss reads (its table row, or verl's vanilla/gspo/cispo) is usable: ε1 ∈ (0, 1),
       ε2 > 0, c > 1 (verl itself checks c only inside the loss, at the first update);
     * RPG loss ⇒ `policy_loss._target_` is `rpg.RPGPolicyLossConfig` and its fields are valid, including that no
-      option is set that cannot change this loss or reference mode (`rpg.config.ineffective_options`);
-    * RPG loss with `algorithm.rollout_correction.bypass_mode=True` ⇒ the v1 trainer (rpg.config.BYPASS_ERROR) and
+      option is set that cannot change this loss or reference mode (`rpg.loss_config.ineffective_options`);
+    * RPG loss with `algorithm.rollout_correction.bypass_mode=True` ⇒ the v1 trainer (rpg.loss_config.BYPASS_ERROR) and
       no `rollout_is`/`rollout_rs` (the v1 trainer skips the correction in bypass: they would be ignored);
     * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (docs/differences.md#d2);
     * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
@@ -200,7 +200,7 @@ def validate_rpg(config: DictConfig):
     * building the RPG config installs the `ref_log_prob` adapter (and for `periodic` the worker hooks) when the
       settings need them: on a verl version or signature they were not written for, that fails here, naming both.
     """
-    from rpg.config import clip_errors
+    from rpg.loss_config import clip_errors
     from rpg.loss_table import clip_fields
 
     check_registered(config)

@@ -1,6 +1,6 @@
 """The KL reference policy of RPG inside verl 0.9.1: `iterative`, `frozen` and `periodic`.
 
-Modes (``actor_rollout_ref.actor.policy_loss.reference``, see `rpg.config.RPGPolicyLossConfig`):
+Modes (``actor_rollout_ref.actor.policy_loss.reference``, see `rpg.loss_config.RPGPolicyLossConfig`):
 
 * ``iterative`` (default; paper §5 and every RPG script): π_ref = π_old, the policy that sampled the batch. The losses
   use ``old_log_prob``; no reference model is built (``actor.use_kl_loss=False``) and nothing in this package is
@@ -26,7 +26,7 @@ One module per job:
   ``ActorRolloutRefWorker`` and the checkpoint of the reference state.
 
 When verl is patched: only when a run asks for it. ``import verl`` (the plugin entry point) registers names and
-patches nothing. This package registers `install` with `rpg.config.on_build`, so `install(settings)` runs at the end of
+patches nothing. This package registers `install` with `rpg.loss_config.on_build`, so `install(settings)` runs at the end of
 every `RPGPolicyLossConfig.__post_init__` in a process that imported it — every verl process does, through the plugin
 entry point (`rpg.verl_plugin` imports `rpg.losses`, which imports this package). verl builds the actor config in the
 launcher's dry run and, in every actor worker, in ``ActorRolloutRefWorker.init_model``
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpg.config import on_build
+from rpg.loss_config import on_build
 from rpg.reference import adapter, periodic
 from rpg.reference.adapter import current_ref_log_prob, token_kl_to_reference
 from rpg.reference.periodic import PeriodicReference, copy_policy_weights

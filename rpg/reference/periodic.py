@@ -302,7 +302,7 @@ def _periodic_reference(worker: Any) -> Optional[PeriodicReference]:
     pl = _policy_loss_cfg(worker)
     ctl = None
     if pl is not None and pl.get("reference") == "periodic" and getattr(worker, "actor", None) is not None:
-        from rpg.config import rpg_settings
+        from rpg.loss_config import rpg_settings
 
         settings = rpg_settings(worker.config.actor)
         if getattr(worker, "ref", None) is None:

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import ConfigKeyError
 from recipe_helpers import cfg_with
 
-from rpg.config import BYPASS_ERROR, RPGPolicyLossConfig
+from rpg.loss_config import BYPASS_ERROR, RPGPolicyLossConfig
 from rpg.launch import (
     RecipeConfigError,
     build_verl_configs,
@@ -54,7 +54,7 @@ def test_rpg_config_is_returned(base):
 
 
 def test_both_target_spellings_are_accepted(base):
-    cfg = cfg_with(base, **{PL + "_target_": "rpg.config.RPGPolicyLossConfig"})
+    cfg = cfg_with(base, **{PL + "_target_": "rpg.loss_config.RPGPolicyLossConfig"})
     assert isinstance(validate_rpg(cfg), RPGPolicyLossConfig)
 
 

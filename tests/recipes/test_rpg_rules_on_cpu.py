@@ -165,7 +165,7 @@ def test_options_with_effect_and_defaults_pass(base, loss, options):
 
 def test_verl_losses_with_the_rpg_config_accept_only_the_periodic_reference():
     """With a verl loss (e.g. GRPO's vanilla) the RPG config can only refresh verl's reference model periodically."""
-    from rpg.config import RPGPolicyLossConfig
+    from rpg.loss_config import RPGPolicyLossConfig
 
     assert RPGPolicyLossConfig(loss_mode="vanilla", reference="periodic", ref_refresh_steps=4).spec is None
     for options, name in [({"kl_coef": 1e-3}, "kl_coef"), ({"reference": "frozen"}, "reference"),
