@@ -168,7 +168,7 @@ def describe_losses(markdown: bool = False) -> str:
         header = f"{'loss_mode':30} {'family':9} {'div':5} {'ref model':9} {'clip':9} options"
         lines = [header, "-" * len(header)]
         for s in LOSSES.values():
-            clip = ",".join(_CLIP_SYMBOLS[f] for f in s.clip_fields)
+            clip = ",".join(_CLIP_SYMBOLS[f] for f in s.clip_fields) or "base's"
             lines.append(f"{s.name:30} {s.family:9} {s.divergence.name:5} {'needed' if s.needs_reference else '-':9} "
                          f"{clip:9} {', '.join(s.options)}")  # fmt: skip
         return "\n".join(lines) + "\n"
@@ -187,7 +187,7 @@ def describe_losses(markdown: bool = False) -> str:
         paper = s.paper_row if len(rows) == 1 else family.paper_row.format(DIV="<DIV>")
         authors = s.authors if len(rows) == 1 else family.authors.format(div="<div>")
         options = ", ".join(f"`{o}`" for o in s.options if o not in ("kl_coef", "reference")) or "—"
-        clip = ", ".join(_CLIP_SYMBOLS[f] for f in s.clip_fields)
+        clip = ", ".join(_CLIP_SYMBOLS[f] for f in s.clip_fields) or "the base's"
         ref = "always" if s.needs_reference else "`frozen`/`periodic` only"
         lines.append(f"| {names} | {paper} | {s.description} | {options} | {clip} | {ref} | {authors} |")
     return "\n".join(lines) + "\n"
