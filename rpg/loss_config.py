@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional
 
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
-from rpg.loss_table import LOSSES, LossSpec, loss_spec
+from rpg.kl_credit import KL_CREDIT
+from rpg.loss_table import LOSSES, LossSpec, base_loss_error, loss_spec
 from rpg.refresh_rules import check_refresh_settings
 
 BRANCH_ON = ("effective_advantage", "advantage")
@@ -74,6 +75,11 @@ class RPGPolicyLossConfig(PolicyLossConfig):
         ref_refresh_kl: κ of the periodic reference (0 = never on a KL threshold).
         ref_kl_ema: decay per training step of the moving average of the token KL compared with κ; the average
             restarts at each refresh.
+        base_loss_mode: the verl policy loss the KL add-on `rpg_kl_<div>` runs beside (`rpg.loss_table.ADDON_BASES`;
+            docs/losses.md#kl-addon).
+        kl_credit: "token" (the per-token KL at the sampled histories, every published RPG number) or "sequence" (the
+            gradient of the KL between whole responses, docs/losses.md#kl-credit), for the add-on and the REINFORCE
+            families.
     """
 
     kl_coef: float = 1e-4
@@ -85,6 +91,8 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     ref_refresh_steps: int = 0
     ref_refresh_kl: float = 0.0
     ref_kl_ema: float = 0.9
+    base_loss_mode: str = "vanilla"
+    kl_credit: str = "token"
 
     def __post_init__(self):
         if not (isinstance(self.kl_coef, (int, float)) and math.isfinite(self.kl_coef) and self.kl_coef >= 0):
@@ -98,6 +106,9 @@ class RPGPolicyLossConfig(PolicyLossConfig):
         _choice("kl_ratio", self.kl_ratio, KL_RATIO)
         _choice("kl_placement", self.kl_placement, KL_PLACEMENT)
         _choice("reference", self.reference, REFERENCE_MODES)
+        _choice("kl_credit", self.kl_credit, KL_CREDIT)
+        if (base_error := base_loss_error(self.base_loss_mode)) is not None:
+            raise ValueError(f"RPGPolicyLossConfig: {base_error}")
         check_refresh_settings(
             self.ref_refresh_steps, self.ref_refresh_kl, self.ref_kl_ema,
             owner="RPGPolicyLossConfig" + (".reference='periodic'" if self.reference == "periodic" else ""),
@@ -157,6 +168,15 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
         applies |= {"reference", *PERIODIC_OPTIONS}
     where = f"loss_mode={settings.loss_mode!r}" if spec is not None else f"verl's loss_mode={settings.loss_mode!r}"
     messages = []
+    if spec is not None and settings.kl_credit == "sequence" and not spec.divergence.reverse and (
+        settings.reference == "iterative"
+    ):
+        messages.append(
+            f"actor_rollout_ref.actor.policy_loss.kl_credit='sequence' has no effect on {where} with "
+            "reference='iterative': a forward divergence's history follows π_ref = π_old, so its sequence-level "
+            "gradient is the token one (docs/losses.md#kl-credit). Remove it, or choose a reverse divergence (rkl, urkl) "
+            "or a frozen/periodic reference"
+        )
     for name, default in option_defaults().items():
         value = getattr(settings, name)
         if name in applies or value == default:

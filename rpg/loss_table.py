@@ -13,17 +13,27 @@ from typing import Optional
 from rpg.divergences import DIVERGENCES, Divergence
 
 __all__ = [
-    "DUAL_CLIP", "FAMILIES", "FD", "HARDCLIP", "LOSSES", "RATIO_CLIP", "REINFORCE", "VERL_CLIP_FIELDS", "Family",
-    "LossSpec", "clip_fields", "describe_losses", "is_rpg_loss", "loss_spec",
+    "ADDON", "ADDON_BASES", "DUAL_CLIP", "FAMILIES", "FD", "HARDCLIP", "LOSSES", "RATIO_CLIP", "REFUSED_BASES",
+    "REINFORCE", "VERL_CLIP_FIELDS", "Family", "LossSpec", "base_loss_error", "clip_fields", "describe_losses",
+    "is_rpg_loss", "loss_spec",
 ]  # fmt: skip
 
-FD, REINFORCE, HARDCLIP = "fd", "reinforce", "hardclip"
+FD, REINFORCE, HARDCLIP, ADDON = "fd", "reinforce", "hardclip", "addon"
 DUAL_CLIP = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # ε1, ε2, c
 RATIO_CLIP = ("clip_ratio_low", "clip_ratio_high")  # ε1, ε2 (no dual-clip bound)
 
 # verl's own losses that read the clip fields as PPO's ratio clip [1 − ε1, 1 + ε2] (and, for vanilla, the dual-clip
 # bound c, which verl asserts > 1 only at the first update): checked at compose time like the RPG rows.
 VERL_CLIP_FIELDS = {"vanilla": DUAL_CLIP, "gspo": RATIO_CLIP, "cispo": RATIO_CLIP}
+
+# verl 0.9.1's registered losses the KL add-on (`rpg_kl_<div>`, rpg.kl_addon) runs beside, called exactly as verl calls
+# them (docs/losses.md#kl-addon), and the ones it refuses with the reason.
+ADDON_BASES = ("vanilla", "gspo", "cispo", "gpg", "sapo", "geo_mean", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "dro")
+REFUSED_BASES = {
+    "bypass_mode": "verl's legacy-trainer wrapper: it recomputes the rollout weights itself and the legacy trainer "
+                   "rewrites loss_mode to it; with the v1 trainer set algorithm.rollout_correction.bypass_mode=True "
+                   "and keep a real base such as vanilla (docs/async.md#bypass)",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,10 +58,14 @@ FAMILIES: dict[str, Family] = {
         Family(REINFORCE, "RPG-REINFORCE-{DIV}",
                "Algorithm 2: `−SG(w·A + C_KL)·log π` with RPG-Style Clip, branching on `A' = A + C_KL/w`, `C_KL` at "
                "the clipped ratio (Remark F.2), flat branches without gradient",
-               ("branch_on", "kl_ratio"), DUAL_CLIP, "`rpg_rf_{div}_clip_ppo` (never reached in their code)"),
+               ("branch_on", "kl_ratio", "kl_credit"), DUAL_CLIP, "`rpg_rf_{div}_clip_ppo` (never reached in their code)"),
         Family(HARDCLIP, "— (the authors' `rkl1e-4_rf` script)",
                "`−SG(w̄·A + C_KL(w̄))·log π` on every token: truncated importance weight both ways, no dual clip",
-               ("kl_ratio",), RATIO_CLIP, "`rpg_rf_{div}`, `rpg_rf_{div}_clip_hard`"),
+               ("kl_ratio", "kl_credit"), RATIO_CLIP, "`rpg_rf_{div}`, `rpg_rf_{div}_clip_hard`"),
+        Family(ADDON, "RPG-{DIV} regulariser + a verl loss",
+               "verl's `base_loss_mode` loss, called as verl calls it, plus the exact `β·D̂(w, ρ)` with the token "
+               "ratio; `kl_credit=sequence` for the sequence-level KL",
+               ("base_loss_mode", "kl_credit"), (), "— (their KL exists only inside their own losses)"),
     )
 }  # fmt: skip
 
@@ -103,6 +117,7 @@ LOSSES: dict[str, LossSpec] = {
         *(_row(f"rpg_{d.name}", FD, d) for d in DIVERGENCES.values()),
         *(_row(f"rpg_reinforce_{d.name}", REINFORCE, d) for d in DIVERGENCES.values()),
         *(_row(f"rpg_reinforce_hardclip_{d.name}", HARDCLIP, d) for d in DIVERGENCES.values()),
+        *(_row(f"rpg_kl_{d.name}", ADDON, d) for d in DIVERGENCES.values()),
         # GRPO's KL made exact (paper §2.2): dual-clip PPO + β·w·k3(π_ref/π_θ) against a frozen/periodic reference.
         _row("grpo_wk3", FD, DIVERGENCES["urkl"], needs_reference=True, paper_row="§2.2 corrected GRPO KL",
              description="dual-clip PPO + `β·w·k3(π_ref/π_θ)` against verl's reference model: GRPO's KL with the "
@@ -120,6 +135,19 @@ def loss_spec(loss_mode: str) -> Optional[LossSpec]:
 def is_rpg_loss(loss_mode: str) -> bool:
     """True for the losses of this table, the ones that read `RPGPolicyLossConfig`."""
     return loss_mode in LOSSES
+
+
+def base_loss_error(base_loss_mode: str) -> Optional[str]:
+    """Why `base_loss_mode` cannot be the KL add-on's base (None if it can)."""
+    where = f"policy_loss.base_loss_mode={base_loss_mode!r}"
+    if base_loss_mode in REFUSED_BASES:
+        return f"{where} is refused: {REFUSED_BASES[base_loss_mode]}"
+    if base_loss_mode in LOSSES:
+        return (f"{where} is an RPG loss, which carries its own KL: use it alone, or an `rpg_kl_<div>` row over one of "
+                f"verl's losses {list(ADDON_BASES)}")
+    if base_loss_mode not in ADDON_BASES:
+        return f"{where} is not a base the KL add-on supports; choose one of {list(ADDON_BASES)}"
+    return None
 
 
 def clip_fields(loss_mode: str) -> tuple[str, ...]:
@@ -140,7 +168,7 @@ def describe_losses(markdown: bool = False) -> str:
         header = f"{'loss_mode':30} {'family':9} {'div':5} {'ref model':9} {'clip':9} options"
         lines = [header, "-" * len(header)]
         for s in LOSSES.values():
-            clip = ",".join(_CLIP_SYMBOLS[f] for f in s.clip_fields)
+            clip = ",".join(_CLIP_SYMBOLS[f] for f in s.clip_fields) or "base's"
             lines.append(f"{s.name:30} {s.family:9} {s.divergence.name:5} {'needed' if s.needs_reference else '-':9} "
                          f"{clip:9} {', '.join(s.options)}")  # fmt: skip
         return "\n".join(lines) + "\n"
@@ -159,7 +187,7 @@ def describe_losses(markdown: bool = False) -> str:
         paper = s.paper_row if len(rows) == 1 else family.paper_row.format(DIV="<DIV>")
         authors = s.authors if len(rows) == 1 else family.authors.format(div="<div>")
         options = ", ".join(f"`{o}`" for o in s.options if o not in ("kl_coef", "reference")) or "—"
-        clip = ", ".join(_CLIP_SYMBOLS[f] for f in s.clip_fields)
+        clip = ", ".join(_CLIP_SYMBOLS[f] for f in s.clip_fields) or "the base's"
         ref = "always" if s.needs_reference else "`frozen`/`periodic` only"
         lines.append(f"| {names} | {paper} | {s.description} | {options} | {clip} | {ref} | {authors} |")
     return "\n".join(lines) + "\n"

@@ -54,8 +54,9 @@ import torch
 from rpg import reference
 from rpg.loss_config import RPGPolicyLossConfig, clip_settings, rpg_settings
 from rpg.divergences import LOG_RATIO_GUARD, Divergence, guarded_log_ratio, scaled_ratio
+from rpg.kl_credit import credited_kl_weight, sequence_credit
 from rpg.loss_table import (  # noqa: F401  (re-exported: rpg.launch and the tests import them from here)
-    DUAL_CLIP, FAMILIES, FD, HARDCLIP, LOSSES, RATIO_CLIP, REINFORCE, VERL_CLIP_FIELDS, Family, LossSpec,
+    ADDON, DUAL_CLIP, FAMILIES, FD, HARDCLIP, LOSSES, RATIO_CLIP, REINFORCE, VERL_CLIP_FIELDS, Family, LossSpec,
     clip_fields, describe_losses, is_rpg_loss, loss_spec,
 )  # fmt: skip
 
@@ -227,6 +228,7 @@ def rpg_reinforce(
     kl_ratio: str = "clipped",
     hard_clip: bool = False,
     ref_log_prob: Optional[Tensor] = None,
+    kl_credit: str = "token",
 ) -> TokenLoss:
     """RPG-REINFORCE with RPG-Style Clip (Algorithm 2; docs/losses.md#algorithm-2), or the hard-clip variant
     (docs/losses.md#hard-clip).
@@ -236,6 +238,8 @@ def rpg_reinforce(
     `branch_on="advantage"` branches on sign(A) with A = 0 negative, as the authors' code does
     (docs/differences.md#d4, (b)).
     `hard_clip=True`: weight = w̄·A + C on every token, always with gradient.
+    `kl_credit="sequence"`: C → P_t·C − β·G_t (reverse rows) or R_t·C (forward rows), the sequence-level KL
+    (`rpg.kl_credit`, docs/losses.md#kl-credit).
     Shapes: all inputs (bs, T); `response_mask` bool. The loss is exactly 0 on padding.
     """
     mask = response_mask.bool()
@@ -253,7 +257,13 @@ def rpg_reinforce(
         else:
             raise ValueError(f"kl_ratio={kl_ratio!r}; choose 'clipped' or 'raw'")
         kl_c = div.kl_component(log_w if log_w_kl is None else log_w_kl, w_kl, log_rho, rho).mul_(beta)
-        kl_adv = div.kl_adv(log_w, log_rho, beta, log_w_kl=log_w_kl, w=w, kl=kl_c)  # C/w (Alg. 2 line 14: the raw w)
+        if kl_credit == "sequence":
+            kl_c = credited_kl_weight(sequence_credit(div, log_w, log_rho, mask, beta), kl_c)
+            kl_adv = torch.where(mask, kl_c / w, 0.0)
+        elif kl_credit == "token":
+            kl_adv = div.kl_adv(log_w, log_rho, beta, log_w_kl=log_w_kl, w=w, kl=kl_c)  # C/w (Alg. 2 line 14: the raw w)
+        else:
+            raise ValueError(f"kl_credit={kl_credit!r}; choose 'token' or 'sequence'")
         if branch_on == "effective_advantage":
             positive = (adv + kl_adv) >= 0
         elif branch_on == "advantage":
@@ -395,7 +405,7 @@ def make_policy_loss(spec: LossSpec):
             out = rpg_reinforce(
                 log_prob, old_log_prob, advantages, response_mask, div, settings.kl_coef, clip,
                 branch_on=settings.branch_on, kl_ratio=settings.kl_ratio, hard_clip=spec.family == HARDCLIP,
-                ref_log_prob=ref,
+                ref_log_prob=ref, kl_credit=settings.kl_credit,
             )  # fmt: skip
         loss_mat = out.loss
         if rollout_is_weights is not None:

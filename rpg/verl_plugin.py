@@ -20,7 +20,8 @@ from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGI
 
 import rpg.reference  # noqa: F401  (registers the reference installer with rpg.loss_config.on_build in every verl process)
 from rpg.advantages import ADVANTAGE_ESTIMATORS
-from rpg.loss_table import LOSSES
+from rpg.kl_addon import make_addon_loss
+from rpg.loss_table import ADDON, LOSSES
 from rpg.losses import make_policy_loss
 
 
@@ -29,7 +30,7 @@ def register() -> list[str]:
     names = []
     for name, spec in LOSSES.items():
         if name not in POLICY_LOSS_REGISTRY or getattr(POLICY_LOSS_REGISTRY[name], "_rpg", False) is False:
-            fn = make_policy_loss(spec)
+            fn = make_addon_loss(spec) if spec.family == ADDON else make_policy_loss(spec)
             fn._rpg = True
             register_policy_loss(name)(fn)
         names.append(name)

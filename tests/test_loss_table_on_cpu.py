@@ -41,7 +41,7 @@ def test_every_row_is_registered_and_is_an_rpg_loss():
     assert rpg_names == set(L.LOSSES)
     assert all(is_rpg_loss(n) for n in L.LOSSES) and "grpo_wk3" in L.LOSSES
     assert not any(is_rpg_loss(n) for n in ("vanilla", "gspo", "rpg", "rpg_reinforce", "grpo"))
-    assert len(L.LOSSES) == 3 * len(DIVERGENCES) + 1
+    assert len(L.LOSSES) == 4 * len(DIVERGENCES) + 1  # three RPG families, the KL add-on, grpo_wk3
 
 
 def test_list_prints_every_loss(capsys):
@@ -68,6 +68,10 @@ def test_table_names_real_fields():
 
 # ---- the table's claims, checked against the loss code --------------------------------------------------------------
 NON_DEFAULT = {"kl_clamp": 0.02, "kl_placement": "inside_clip", "branch_on": "advantage", "kl_ratio": "raw"}
+
+
+# the rows built from the RPG family functions (the KL add-on's rows wrap verl's losses: tests/test_kl_addon_on_cpu.py)
+FAMILY_ROWS = sorted(n for n, s in L.LOSSES.items() if not s.needs_reference and s.family != L.ADDON)
 
 
 def _batch():
@@ -99,7 +103,7 @@ def _accepts(spec, option):
     return option in fn.__code__.co_varnames[: fn.__code__.co_argcount]
 
 
-@pytest.mark.parametrize("name", sorted(n for n in L.LOSSES if not L.LOSSES[n].needs_reference))
+@pytest.mark.parametrize("name", FAMILY_ROWS)
 @pytest.mark.parametrize("option", sorted(NON_DEFAULT))
 def test_an_option_changes_the_loss_iff_the_table_lists_it(name, option):
     spec = L.LOSSES[name]
@@ -113,7 +117,7 @@ def test_an_option_changes_the_loss_iff_the_table_lists_it(name, option):
     assert same == (option not in spec.options), (name, option)
 
 
-@pytest.mark.parametrize("name", sorted(n for n in L.LOSSES if not L.LOSSES[n].needs_reference))
+@pytest.mark.parametrize("name", FAMILY_ROWS)
 def test_c_is_read_iff_the_table_lists_it(name):
     spec = L.LOSSES[name]
     low_c = _loss_and_grad(spec, L.ClipParams(0.2, 0.28, 1.5))

@@ -11,6 +11,7 @@ EXPECTED_LOSSES = sorted(
     [f"rpg_{d}" for d in ("fkl", "rkl", "ufkl", "urkl")]
     + [f"rpg_reinforce_{d}" for d in ("fkl", "rkl", "ufkl", "urkl")]
     + [f"rpg_reinforce_hardclip_{d}" for d in ("fkl", "rkl", "ufkl", "urkl")]
+    + [f"rpg_kl_{d}" for d in ("fkl", "rkl", "ufkl", "urkl")]
     + ["grpo_wk3"]
 )
 

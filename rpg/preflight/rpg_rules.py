@@ -191,7 +191,8 @@ def validate_rpg(config: DictConfig):
       option is set that cannot change this loss or reference mode (`rpg.loss_config.ineffective_options`);
     * RPG loss with `algorithm.rollout_correction.bypass_mode=True` ⇒ the v1 trainer (rpg.loss_config.BYPASS_ERROR) and
       no `rollout_is`/`rollout_rs` (the v1 trainer skips the correction in bypass: they would be ignored);
-    * RPG loss ⇒ `algorithm.use_kl_in_reward=False` (docs/differences.md#d2);
+    * the KL add-on (`rpg_kl_<div>`) ⇒ the clip fields its `base_loss_mode` reads are usable;
+    * RPG loss (the KL add-on included) ⇒ `algorithm.use_kl_in_reward=False` (docs/differences.md#d2);
     * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
     * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
       `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
@@ -201,7 +202,7 @@ def validate_rpg(config: DictConfig):
       settings need them: on a verl version or signature they were not written for, that fails here, naming both.
     """
     from rpg.loss_config import clip_errors
-    from rpg.loss_table import clip_fields
+    from rpg.loss_table import ADDON, VERL_CLIP_FIELDS, clip_fields
 
     check_registered(config)
     loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
@@ -209,6 +210,9 @@ def validate_rpg(config: DictConfig):
     settings = None
     if is_rpg_loss(loss_mode):
         settings = _rpg_policy_loss(config)
+        if settings.spec.family == ADDON:  # the KL add-on: the clip fields its verl base reads
+            base = settings.base_loss_mode
+            errors += clip_errors(config.actor_rollout_ref.actor, VERL_CLIP_FIELDS.get(base, ()), base)
         errors += [msg for rule in RPG_RULES if (msg := rule(config, settings))]
     if errors:
         what = "RPG" if settings is not None else "policy-loss"

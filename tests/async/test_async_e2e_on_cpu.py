@@ -14,7 +14,9 @@ validation after the last step (docs/async.md#bypass, docs/async.md#modes):
   report: "[rpg smoke]", seconds per phase, the CPU memory line, the projected wall time.
 * **colocate_async** (`TRAINER_MODE=colocate_async`, 4 prompts × 4 responses, one batch generated ahead, partial rollouts through
   the hf server's abort/resume, no DAPO filtering so that step 2 trains on the batch generated ahead) with the periodic reference (K = 2 optimizer steps = every training step with two
-  mini-batches) and token-level TIS (`rollout_is=token`): RPG metrics finite, the staleness logged at every step
+  mini-batches) and token-level TIS (`rollout_is=token`), the loss switched to the KL add-on over a non-RPG base
+  (`rpg_kl_urkl` over `gspo`, sequence credit; docs/losses.md#kl-addon): RPG metrics finite (the add-on's
+  `actor/rpg/kl`, `kl_loss`, `kl_credit_abs`), the staleness logged at every step
   (the second batch was generated, at least in part, by the weights before step 1's update), the reference refreshed
   at both steps, the TIS weights computed, validation finite.
 
@@ -81,6 +83,10 @@ def test_colocate_async_with_periodic_reference_and_tis(tiny_dir, tmp_path):
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.0",
         "+actor_rollout_ref.actor.policy_loss.reference=periodic",
         "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=2",
+        # a non-RPG base plus the exact KL (docs/losses.md#kl-addon): GSPO + URKL with sequence credit, ρ ≠ 1
+        "actor_rollout_ref.actor.policy_loss.loss_mode=rpg_kl_urkl",
+        "+actor_rollout_ref.actor.policy_loss.base_loss_mode=gspo",
+        "+actor_rollout_ref.actor.policy_loss.kl_credit=sequence",
     ]
     records, text = run_cpu_recipe(tmp_path, "colocate_async", overrides, TRAINER_MODE="colocate_async",
                                    CPU_STEPS="2", CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2",
@@ -94,6 +100,7 @@ def test_colocate_async_with_periodic_reference_and_tis(tiny_dir, tmp_path):
         assert finite(data.get("rollout_corr/rollout_is_mean")), f"step {step}: no TIS weights"
         assert finite(data.get("training/rollout_probs_diff_mean")), f"step {step}: π_old was not recomputed"
         assert "timing_s/ref" in data, f"step {step}: no reference forward"
+        assert {"actor/rpg/kl", "actor/rpg/kl_loss", "actor/rpg/kl_credit_abs"} <= set(data), sorted(data)
     assert [train[s]["actor/rpg/ref_refreshed"] for s in (1, 2)] == [1, 1]
     assert [train[s]["actor/rpg/ref_refresh_count"] for s in (1, 2)] == [1, 2]
     assert "[rpg.reference] reference <- policy at training step 2" in text

@@ -1,0 +1,150 @@
+"""The exact KL for any verl policy loss: the `rpg_kl_<div>` rows of the loss table (docs/losses.md#kl-addon).
+
+Per micro-batch, with verl 0.9.1's `PolicyLossFn` signature,
+
+    L = base(old_log_prob, log_prob, A, mask, loss_agg_mode, config, rollout_is_weights)   (verl's registered loss)
+      + agg_loss(β·K·v, mask, loss_agg_mode, **global_batch_info)
+
+where the base is `policy_loss.base_loss_mode` looked up in verl's registry and called exactly as verl's `ppo_loss`
+calls a policy loss, `v` the rollout-correction weights and K the per-token KL term (`kl_term`):
+
+    kl_credit=token:     K_t = D̂(w_t, ρ_t)                                   (Tables 1/4, ρ-weighted)
+    kl_credit=sequence:  K_t = SG(P_t)·D̂(w_t, ρ_t) + SG(G_t)·(log w_t − SG(log w_t))    (reverse rows)
+                         K_t = SG(R_t)·D̂(w_t, ρ_t)                                     (forward rows)
+
+with the TOKEN ratio w_t = π_θ/π_old of each token whatever ratio the base uses, ρ = π_ref/π_old (1 for the
+iterative reference) and the prefix ratios / future credit of `rpg.kl_credit`. No clamp, no clip: the additive
+placement, so over `vanilla` it is `rpg_<div>` wherever |log w| ≤ 20 (verl's clamp). Masked tokens (padding,
+observation spans) carry no KL (docs/losses.md#multi-turn).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import torch
+
+from rpg.loss_config import rpg_settings
+from rpg.divergences import Divergence, guarded_log_ratio
+from rpg.kl_credit import SequenceCredit, sequence_credit
+from rpg.loss_table import LossSpec
+from rpg.losses import _ref_log_prob, reference_ratio
+
+Tensor = torch.Tensor
+
+__all__ = ["KLTerm", "kl_log_ratio", "kl_term", "make_addon_loss"]
+
+
+def kl_log_ratio(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> Tensor:
+    """log w_t = log π_θ(y_t|h_t) − log π_old(y_t|h_t) per token, with its gradient (0 on masked tokens, within the
+    guard). The one place the add-on's ratio is formed: the tests replace it by a sequence ratio or drop it and show
+    that the gradient checks then fail."""
+    return guarded_log_ratio(log_prob, old_log_prob.detach(), mask)
+
+
+class KLTerm(NamedTuple):
+    """The per-token KL term (β included, before the rollout weights) and the detached quantities of the metrics."""
+
+    loss: Tensor  # (bs, T), exactly 0 on masked tokens
+    mask: Tensor  # bool (bs, T): model tokens
+    log_w: Tensor  # detached
+    w: Tensor  # detached
+    log_rho: Tensor | float
+    rho: Tensor | float
+    credit: Optional[SequenceCredit]  # None for kl_credit=token
+
+
+def kl_term(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    response_mask: Tensor,
+    div: Divergence,
+    beta: float,
+    ref_log_prob: Optional[Tensor] = None,
+    kl_credit: str = "token",
+) -> KLTerm:
+    """β·K per token (module docstring; docs/losses.md#kl-addon, #kl-credit). Shapes (bs, T)."""
+    mask = response_mask.bool()
+    log_w = kl_log_ratio(log_prob, old_log_prob, mask)
+    w = torch.exp(log_w)
+    log_rho, rho = reference_ratio(old_log_prob, ref_log_prob, mask)
+    surrogate = div.surrogate(log_w, w, log_rho, rho)
+    credit = None
+    if kl_credit == "token":
+        loss = surrogate * beta
+    elif kl_credit == "sequence":
+        credit = sequence_credit(div, log_w.detach(), log_rho, mask, beta)
+        loss = surrogate * (credit.history * beta)
+        if credit.future is not None:  # value 0, gradient β·G_t·∇log π_θ(y_t|h_t)
+            loss = loss + credit.future * (log_w - log_w.detach())
+    else:
+        raise ValueError(f"kl_credit={kl_credit!r}; choose 'token' or 'sequence'")
+    loss = torch.where(mask, loss, 0.0)
+    return KLTerm(loss, mask, log_w.detach(), w.detach(), log_rho, rho, credit)
+
+
+def _metrics(term: KLTerm, div: Divergence, kl_loss: Tensor) -> dict[str, float]:
+    """actor/rpg/{kl, kl_loss, ratio_mean, ratio_max, ratio_min[, kl_credit_abs]} over the model tokens, with one
+    device→host transfer; {} for a micro-batch without model tokens."""
+    with torch.no_grad():
+        mask, w = term.mask, term.w
+        valid = mask.to(w.dtype)
+        estimate = torch.where(mask, div.estimate(term.log_w, w, term.log_rho, term.rho), 0.0)
+        credit = term.credit.future if term.credit is not None and term.credit.future is not None else None
+        stats = torch.stack([
+            valid.sum(), estimate.sum(), (w * valid).sum(), torch.where(mask, w, 0.0).amax(),
+            torch.where(mask, w, torch.finfo(w.dtype).max).amin(), kl_loss.detach().to(w.dtype),
+            (credit.abs() * valid).sum() if credit is not None else valid.new_zeros(()),
+        ]).double().tolist()  # fmt: skip
+    n = stats[0]
+    if n == 0:
+        return {}
+    out = {
+        "actor/rpg/kl": stats[1] / n,
+        "actor/rpg/ratio_mean": stats[2] / n,
+        "actor/rpg/ratio_max": stats[3],
+        "actor/rpg/ratio_min": stats[4],
+        "actor/rpg/kl_loss": stats[5],
+    }
+    if credit is not None:
+        out["actor/rpg/kl_credit_abs"] = stats[6] / n
+    return out
+
+
+def make_addon_loss(spec: LossSpec):
+    """The verl `PolicyLossFn` of an add-on row (`rpg_kl_<div>`): the base loss of `policy_loss.base_loss_mode` plus
+    the exact KL term of `spec.divergence` (module docstring)."""
+    from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn
+
+    div = spec.divergence
+
+    def policy_loss(
+        old_log_prob: Tensor,
+        log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: Optional[Tensor] = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        if config is None:
+            raise ValueError(f"{spec.name} needs verl's actor config (policy_loss.base_loss_mode, kl_coef)")
+        settings = rpg_settings(config)
+        base = get_policy_loss_fn(settings.base_loss_mode)
+        base_loss, metrics = base(
+            old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+        )
+        ref = _ref_log_prob(settings, spec.name)
+        term = kl_term(log_prob, old_log_prob, response_mask, div, settings.kl_coef, ref, settings.kl_credit)
+        loss_mat = term.loss
+        if rollout_is_weights is not None:
+            loss_mat = loss_mat * torch.where(term.mask, rollout_is_weights, 0.0)
+        batch_info = config.get("global_batch_info", None) or {}
+        kl_loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
+        metrics = dict(metrics or {})
+        metrics.update(_metrics(term, div, kl_loss))
+        return base_loss + kl_loss, metrics
+
+    policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{spec.name}"
+    policy_loss.__doc__ = f"verl policy loss `{spec.name}` ({spec.paper_row}): {spec.description}"
+    return policy_loss
