@@ -120,3 +120,23 @@ def test_docs_index_names_every_difference_id():
     ranges = re.findall(r"D1–D(\d+)", index) + re.findall(r"`#d1` … `#d(\d+)`", index)
     assert ranges, "docs/README.md states no range of difference ids"
     assert all(int(r) == last for r in ranges), f"docs/README.md's ranges {ranges} do not reach D{last}"
+
+
+def _score_rows(text: str) -> dict[str, list[str]]:
+    """`script → ["Last / Best", ...]` of the Markdown table rows that pair a script with the paper's scores."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        scores = [c for c in cells if re.fullmatch(r"\d\.\d{4} / \d\.\d{4}( ¹)?", c)]
+        scripts = [c.strip("`") for c in cells if re.fullmatch(r"`run_[\w.-]+\.sh`", c)]
+        if scores and scripts:
+            rows[scripts[0]] = [s.removesuffix(" ¹") for s in scores]
+    return rows
+
+
+def test_readme_paper_numbers_are_the_recipe_tables():
+    """The README repeats Table 3 from recipe/rpg/README.md (where every paper row's numbers are): they must agree."""
+    ours = _score_rows(README)
+    recipes = _score_rows((ROOT / "recipe/rpg/README.md").read_text(encoding="utf-8"))
+    assert len(ours) == 6 and len(recipes) == 6 + 8 + 6 + 12, (len(ours), len(recipes))
+    assert {s: recipes[s] for s in ours} == ours
