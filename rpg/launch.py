@@ -38,12 +38,18 @@ import dataclasses
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from rpg.preflight import early  # standard library only: `--help`, a missing verl and misspelt names, before verl
 
-from rpg.preflight.compose import (  # noqa: F401  (public names of rpg.launch)
+if __name__ == "__main__" and (_problem := early.verl_problem()):  # say what to do, not ModuleNotFoundError
+    raise SystemExit(f"[rpg] error: {_problem}")
+
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from rpg.preflight.compose import (  # noqa: F401,E402  (public names of rpg.launch)
     CONFIG_DIR,
     CONFIG_NAME,
     POLICY_LOSS_PREFIX,
@@ -51,9 +57,9 @@ from rpg.preflight.compose import (  # noqa: F401  (public names of rpg.launch)
     compose_config,
     normalise_overrides,
 )
-from rpg.preflight.gpu import check_gpu_launch
-from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401
-from rpg.preflight.recipe_rules import (  # noqa: F401
+from rpg.preflight.gpu import check_gpu_launch  # noqa: E402
+from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401,E402
+from rpg.preflight.recipe_rules import (  # noqa: F401,E402
     OVERLONG_BUFFER_KEYS,
     RECIPE_RULES,
     THINKING_KEY,
@@ -61,8 +67,8 @@ from rpg.preflight.recipe_rules import (  # noqa: F401
     chat_template_summary,
     validate_recipe,
 )
-from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_registered, is_rpg_loss, validate_rpg  # noqa: F401
-from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # noqa: F401
+from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_registered, is_rpg_loss, validate_rpg  # noqa: F401,E402
+from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # noqa: F401,E402
 
 DRY_RUN_ENV = "RPG_DRY_RUN"
 SMOKE_DIR_ENV = "RPG_SMOKE_DIR"
@@ -172,21 +178,36 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
 
 
 def list_losses(args: Sequence[str]) -> None:
-    """`python -m rpg.launch --list [--markdown]`: print the loss table (the README's table with `--markdown`)."""
+    """`python -m rpg.launch --list [--markdown]`: print the loss table and verl's own names (the README's table with
+    `--markdown`)."""
     from rpg.loss_table import describe_losses
 
     extra = [a for a in args if a != "--markdown"]
     if extra:
         raise SystemExit(f"python -m rpg.launch --list takes only --markdown, got {extra}")
-    sys.stdout.write(describe_losses(markdown="--markdown" in args))
+    markdown = "--markdown" in args
+    sys.stdout.write(describe_losses(markdown=markdown) + ("" if markdown else early.list_text()))
+
+
+def quiet_engine_warnings() -> None:
+    """verl warns once per engine it cannot import (torchtitan, veomni, automodel, mindspeed, megatron) on every
+    import: not shown in the launcher's output (the FSDP engine the recipes use is checked by building the config)."""
+    warnings.filterwarnings("ignore", message=r"\w+ engine is not available", category=UserWarning)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    import hydra
-
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["-h"], ["--help"]):
+        return print(early.HELP, end="")
     if args[:1] == ["--list"]:
         return list_losses(args[1:])
+    if args[:1] == ["--help-config"]:  # Hydra's own help: the config groups and the full default config
+        args = ["--help", *args[1:]]
+    elif problems := early.check_overrides(args):  # before verl is imported: a misspelt name fails in a second
+        raise SystemExit("[rpg] error: " + "\n[rpg] error: ".join(problems))
+    quiet_engine_warnings()
+    import hydra
+
     try:
         dry_run = dry_run_requested()
         smoke_overrides, smoke_run = smoke_setup(args, dry_run)
