@@ -59,6 +59,7 @@ from rpg.preflight.compose import (  # noqa: F401,E402  (public names of rpg.lau
 )
 from rpg.preflight.gpu import check_gpu_launch  # noqa: E402
 from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401,E402
+from rpg.preflight.prompts import prompt_length_problems  # noqa: E402
 from rpg.preflight.recipe_rules import (  # noqa: F401,E402
     OVERLONG_BUFFER_KEYS,
     RECIPE_RULES,
@@ -68,6 +69,7 @@ from rpg.preflight.recipe_rules import (  # noqa: F401,E402
     validate_recipe,
 )
 from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_registered, is_rpg_loss, validate_rpg  # noqa: F401,E402
+from rpg.preflight.summary import launch_refusals, summary_lines  # noqa: E402
 from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # noqa: F401,E402
 
 DRY_RUN_ENV = "RPG_DRY_RUN"
@@ -91,6 +93,8 @@ def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfi
     if real_launch and validated.path_problems:
         raise RecipeConfigError("missing input:\n- " + "\n- ".join(validated.path_problems))
     validate_recipe(config)
+    if problems := prompt_length_problems(config):
+        raise RecipeConfigError("prompts longer than the configured length:\n- " + "\n- ".join(problems))
     validated.rpg = validate_rpg(config)
     check_schedule_free(config)  # optimizer and trainer agree (schedule-free needs its trainer mode, and only it)
     return validated
@@ -155,6 +159,9 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         for problem in validated.path_problems:
             print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
         sys.stdout.write(OmegaConf.to_yaml(config, resolve=True))
+        refusals = launch_refusals(config, validated.path_problems, local=not os.environ.get("RAY_ADDRESS"))
+        smoke_line = f"{config.trainer.total_training_steps} steps, metrics to {smoke_run.log}" if smoke_run else None
+        print("\n".join(summary_lines(config, refusals, smoke_line)))  # the last lines: what a person reads
         sys.stdout.flush()
         return
     from rpg import smoke
