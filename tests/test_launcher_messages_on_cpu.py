@@ -135,10 +135,11 @@ def test_a_dry_run_ends_with_its_summary(monkeypatch, capsys, tmp_path):
         "# beta       β = 0.0001 (policy_loss.kl_coef)",
         "# reference  iterative (π_ref = π_old, no reference model)",
         "# clip       ε1 0.2, ε2 0.28, dual-clip c 10",
-        "# context    prompt 2048 + response 2048 tokens (truncation left; prompt lengths not checked: the tokenizer of "
-        "Qwen/Qwen2.5-Math-7B is not on this machine)",
+        summary[6],  # the context, below
         "# batch      512 prompts × 16 responses, mini-batch 32, lr 1e-06",
     ]
+    # the prompt lengths are checked where the tokenizer was downloaded (not here, unless in the Hugging Face cache)
+    assert summary[6].startswith("# context    prompt 2048 + response 2048 tokens (truncation left; prompt lengths ")
     assert summary[8].startswith("# steps      400 steps") and summary[10].startswith("# memory     rollout ")
     assert summary[11] == "# a launch would refuse:" and all(line.startswith("#   - ") for line in summary[12:])
     assert any("data.train_files" in line for line in summary[12:])  # no data here: a launch would refuse it

@@ -5,8 +5,8 @@ Without this check a longer prompt is cut silently (`data.truncation=left|right|
 a prompt, the question; a chat template's first tokens are lost) or fails in a worker minutes later
 (`truncation=error`). With `data.filter_overlong_prompts=True` verl drops such prompts itself, which is allowed here.
 Checked when the model's tokenizer is on this machine (a local folder, or the Hugging Face cache) and the data files
-are local parquet files (otherwise the dry-run summary says it was not checked); a file's lengths are computed once
-per process.
+are local parquet files (otherwise the dry-run summary says it was not checked; a file this check cannot render, e.g.
+without the prompt column, is left to verl's dataset); a file's lengths are computed once per process.
 """
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ def unchecked_reason(config: DictConfig) -> Optional[str]:
     """Why the prompt lengths cannot be checked here (None: they can): the model is neither a local folder nor a hub
     model whose tokenizer is in the local Hugging Face cache."""
     model, trust, _, _ = _setting(config)
-    if os.path.isdir(model):
-        return None
     try:
-        _tokenizer(model, trust)
+        tokenizer = _tokenizer(model, trust)
     except Exception:  # noqa: BLE001 -- not downloaded, not a repo id, no network: a launch downloads it
         return f"the tokenizer of {model} is not on this machine"
+    if tokenizer.chat_template is None:
+        return f"the tokenizer of {model} has no chat template"
     return None
 
 
@@ -80,7 +80,10 @@ def prompt_length_problems(config: DictConfig) -> list[str]:
                 if not (file.endswith(".parquet") and os.path.isfile(file)):
                     continue
                 st = os.stat(file)
-                lengths = prompt_lengths(file, (st.st_size, st.st_mtime_ns), model, trust, prompt_key, kwargs)
+                try:
+                    lengths = prompt_lengths(file, (st.st_size, st.st_mtime_ns), model, trust, prompt_key, kwargs)
+                except Exception:  # noqa: BLE001 -- no prompt column, not chat messages: verl's dataset reports it
+                    continue
                 over = [n for n in lengths if n > limit]
                 if over:
                     problems.append(

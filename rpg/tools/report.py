@@ -69,9 +69,9 @@ TRAIN_PANELS = (
 RPG_KL, RPG_KL_ADV_REL = "actor/rpg/kl", "actor/rpg/kl_adv_rel"
 RPG_BRANCHES = ("pos_grad", "pos_flat_high", "neg_flat_low", "neg_grad", "neg_flat_c")  # rpg.losses.BRANCHES
 RPG_PANELS = (
-    ("KL estimate (actor/rpg/kl)", RPG_KL),
-    ("KL share of A' (actor/rpg/kl_adv_rel)", RPG_KL_ADV_REL),
-    *((f"tokens in branch {b} (actor/rpg/frac_{b})", f"actor/rpg/frac_{b}") for b in RPG_BRANCHES),
+    ("KL estimate: rpg/kl", RPG_KL),
+    ("KL share of A': rpg/kl_adv_rel", RPG_KL_ADV_REL),
+    *((f"tokens in branch: rpg/frac_{b}", f"actor/rpg/frac_{b}") for b in RPG_BRANCHES),
 )
 PANEL_PX = (400, 300)
 PANELS_PER_ROW = 4
@@ -477,8 +477,8 @@ def diagnostics_png(runs: Sequence[Run]) -> bytes:
 
 
 def diagnostics_markdown(runs: Sequence[Run]) -> str:
-    """Per run: the last and mean value of each diagnostic over the logged training steps (a healthy RPG run at the
-    paper's β: a KL of order 1e-3 to 1e-2 per token, kl_adv_rel far below 1, most tokens in pos_grad/neg_grad)."""
+    """Per run: the last and mean value of each diagnostic over the logged training steps (the CPU demo's, at
+    β = 1e-4: docs/launcher.md#diagnostics)."""
     header = ["run", "steps"] + [metric.removeprefix("actor/rpg/") + " last / mean" for _, metric in RPG_PANELS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
