@@ -167,6 +167,7 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     from rpg import smoke
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
+    quiet_engine_warnings(os.environ)  # and in the Ray processes this launch starts
     sampler = smoke.GpuMemorySampler().start() if smoke_run is not None else None
     start = time.monotonic()
     try:
@@ -196,10 +197,20 @@ def list_losses(args: Sequence[str]) -> None:
     sys.stdout.write(describe_losses(markdown=markdown) + ("" if markdown else early.list_text()))
 
 
-def quiet_engine_warnings() -> None:
-    """verl warns once per engine it cannot import (torchtitan, veomni, automodel, mindspeed, megatron) on every
-    import: not shown in the launcher's output (the FSDP engine the recipes use is checked by building the config)."""
+# verl 0.9.1's optional engines (verl/workers/engine/__init__.py warns "<name> engine is not available: ..." for each)
+OPTIONAL_ENGINES = ("torchtitan", "veomni", "automodel", "mindspeed", "megatron")
+
+
+def quiet_engine_warnings(environ=None) -> None:
+    """verl warns once per optional engine it cannot import, in every process that imports it: not shown in the
+    launcher's output (the FSDP engine the recipes use is checked by building the config). Here by a warnings filter;
+    with `environ` (a launch: the processes of a local Ray cluster inherit it) also by PYTHONWARNINGS, whose message
+    field matches the start of a warning."""
     warnings.filterwarnings("ignore", message=r"\w+ engine is not available", category=UserWarning)
+    if environ is not None:
+        ours = [f"ignore:{name} engine is not available:UserWarning" for name in OPTIONAL_ENGINES]
+        theirs = [f for f in environ.get("PYTHONWARNINGS", "").split(",") if f and f not in ours]
+        environ["PYTHONWARNINGS"] = ",".join(theirs + ours)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -80,6 +80,23 @@ def test_valid_names_pass_the_early_check():
     ]) == []  # fmt: skip
 
 
+def test_engine_warnings_are_filtered_in_the_launch_processes():
+    """The PYTHONWARNINGS a launch exports silences verl's five optional-engine warnings in a fresh process (a Ray
+    worker), and keeps a user's own filters."""
+    from rpg.launch import quiet_engine_warnings
+
+    environ = {"PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    quiet_engine_warnings(environ)
+    quiet_engine_warnings(environ)  # idempotent
+    assert environ["PYTHONWARNINGS"].startswith("ignore::DeprecationWarning,") and environ["PYTHONWARNINGS"].count(
+        "engine is not available") == 5
+    code = "import verl.workers.engine"
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, **environ})  # fmt: skip
+    assert "engine is not available" in shown.stderr and "engine is not available" not in quiet.stderr
+
+
 def test_help_is_a_page_about_the_launcher(capsys):
     from rpg.launch import main
 
