@@ -38,12 +38,18 @@ import dataclasses
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from rpg.preflight import early  # standard library only: `--help`, a missing verl and misspelt names, before verl
 
-from rpg.preflight.compose import (  # noqa: F401  (public names of rpg.launch)
+if __name__ == "__main__" and (_problem := early.verl_problem()):  # say what to do, not ModuleNotFoundError
+    raise SystemExit(f"[rpg] error: {_problem}")
+
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from rpg.preflight.compose import (  # noqa: F401,E402  (public names of rpg.launch)
     CONFIG_DIR,
     CONFIG_NAME,
     POLICY_LOSS_PREFIX,
@@ -51,9 +57,10 @@ from rpg.preflight.compose import (  # noqa: F401  (public names of rpg.launch)
     compose_config,
     normalise_overrides,
 )
-from rpg.preflight.gpu import check_gpu_launch
-from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401
-from rpg.preflight.recipe_rules import (  # noqa: F401
+from rpg.preflight.gpu import check_gpu_launch  # noqa: E402
+from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401,E402
+from rpg.preflight.prompts import prompt_length_problems  # noqa: E402
+from rpg.preflight.recipe_rules import (  # noqa: F401,E402
     OVERLONG_BUFFER_KEYS,
     RECIPE_RULES,
     THINKING_KEY,
@@ -61,8 +68,9 @@ from rpg.preflight.recipe_rules import (  # noqa: F401
     chat_template_summary,
     validate_recipe,
 )
-from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_registered, is_rpg_loss, validate_rpg  # noqa: F401
-from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # noqa: F401
+from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_registered, is_rpg_loss, validate_rpg  # noqa: F401,E402
+from rpg.preflight.summary import launch_refusals, summary_lines  # noqa: E402
+from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # noqa: F401,E402
 
 DRY_RUN_ENV = "RPG_DRY_RUN"
 SMOKE_DIR_ENV = "RPG_SMOKE_DIR"
@@ -85,6 +93,8 @@ def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfi
     if real_launch and validated.path_problems:
         raise RecipeConfigError("missing input:\n- " + "\n- ".join(validated.path_problems))
     validate_recipe(config)
+    if problems := prompt_length_problems(config):
+        raise RecipeConfigError("prompts longer than the configured length:\n- " + "\n- ".join(problems))
     validated.rpg = validate_rpg(config)
     check_schedule_free(config)  # optimizer and trainer agree (schedule-free needs its trainer mode, and only it)
     return validated
@@ -149,11 +159,15 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         for problem in validated.path_problems:
             print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
         sys.stdout.write(OmegaConf.to_yaml(config, resolve=True))
+        refusals = launch_refusals(config, validated.path_problems, local=not os.environ.get("RAY_ADDRESS"))
+        smoke_line = f"{config.trainer.total_training_steps} steps, metrics to {smoke_run.log}" if smoke_run else None
+        print("\n".join(summary_lines(config, refusals, smoke_line)))  # the last lines: what a person reads
         sys.stdout.flush()
         return
     from rpg import smoke
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
+    quiet_engine_warnings(os.environ)  # and in the Ray processes this launch starts
     sampler = smoke.GpuMemorySampler().start() if smoke_run is not None else None
     start = time.monotonic()
     try:
@@ -172,21 +186,46 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
 
 
 def list_losses(args: Sequence[str]) -> None:
-    """`python -m rpg.launch --list [--markdown]`: print the loss table (the README's table with `--markdown`)."""
+    """`python -m rpg.launch --list [--markdown]`: print the loss table and verl's own names (the README's table with
+    `--markdown`)."""
     from rpg.loss_table import describe_losses
 
     extra = [a for a in args if a != "--markdown"]
     if extra:
         raise SystemExit(f"python -m rpg.launch --list takes only --markdown, got {extra}")
-    sys.stdout.write(describe_losses(markdown="--markdown" in args))
+    markdown = "--markdown" in args
+    sys.stdout.write(describe_losses(markdown=markdown) + ("" if markdown else early.list_text()))
+
+
+# verl 0.9.1's optional engines (verl/workers/engine/__init__.py warns "<name> engine is not available: ..." for each)
+OPTIONAL_ENGINES = ("torchtitan", "veomni", "automodel", "mindspeed", "megatron")
+
+
+def quiet_engine_warnings(environ=None) -> None:
+    """verl warns once per optional engine it cannot import, in every process that imports it: not shown in the
+    launcher's output (the FSDP engine the recipes use is checked by building the config). Here by a warnings filter;
+    with `environ` (a launch: the processes of a local Ray cluster inherit it) also by PYTHONWARNINGS, whose message
+    field matches the start of a warning."""
+    warnings.filterwarnings("ignore", message=r"\w+ engine is not available", category=UserWarning)
+    if environ is not None:
+        ours = [f"ignore:{name} engine is not available:UserWarning" for name in OPTIONAL_ENGINES]
+        theirs = [f for f in environ.get("PYTHONWARNINGS", "").split(",") if f and f not in ours]
+        environ["PYTHONWARNINGS"] = ",".join(theirs + ours)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    import hydra
-
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["-h"], ["--help"]):
+        return print(early.HELP, end="")
     if args[:1] == ["--list"]:
         return list_losses(args[1:])
+    if args[:1] == ["--help-config"]:  # Hydra's own help: the config groups and the full default config
+        args = ["--help", *args[1:]]
+    elif problems := early.check_overrides(args):  # before verl is imported: a misspelt name fails in a second
+        raise SystemExit("[rpg] error: " + "\n[rpg] error: ".join(problems))
+    quiet_engine_warnings()
+    import hydra
+
     try:
         dry_run = dry_run_requested()
         smoke_overrides, smoke_run = smoke_setup(args, dry_run)

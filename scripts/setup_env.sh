@@ -27,6 +27,17 @@ stamp="$VENV/.rpg-env-stamp"
 want="$(cat "$REQS" "$CONS" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 up_to_date() { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; }
 up_to_date && exit 0
+# The CPU environment never goes into a GPU one: pip would swap its CUDA torch for the CPU build (.venv-vllm's PyPI
+# torch 2.11.0 is a CUDA build, legitimately).
+if [ -z "${1:-}" ] && [ -x "$VENV/bin/python" ]; then
+  cuda="$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null || true)"
+  if [ -n "$cuda" ]; then
+    echo "[setup_env] error: $VENV holds a CUDA torch (CUDA $cuda), a GPU environment; installing the CPU test stack" \
+      "there would replace it with torch==$TORCH CPU. Fix: rename the GPU environment (mv $VENV $ROOT/.venv-gpu;" \
+      "docs/gpu.md uses .venv-gpu) or build the CPU one elsewhere (RPG_VENV=$ROOT/.venv-cpu bash $0)" >&2
+    exit 2
+  fi
+fi
 # one build at a time per environment (the test command builds .venv-vllm in the background while a test may run
 # this script too): wait for the lock, then look at the stamp again, another run may have just built it
 exec 9>"$VENV.lock"

@@ -30,6 +30,9 @@ Outputs in ``--out`` (written atomically):
 * ``curves.png``: one panel per data source (accuracy), then reward (``critic/score/mean``, falling back
   to ``critic/rewards/mean``), entropy (``actor/entropy``) and response length
   (``response_length/mean``) against step, one line per run; 4 panels per row, 400x300 px each.
+* ``diagnostics.png`` and ``diagnostics.md`` (runs that log RPG's metrics): the KL estimate ``actor/rpg/kl``, the
+  KL's share of the effective advantage ``actor/rpg/kl_adv_rel`` and the token fraction of each dual-clip branch
+  ``actor/rpg/frac_<branch>`` against step (7 panels), and their last and mean values per run.
 
 Bad inputs never cost the good runs: an unreadable file (empty, not UTF-8, records of the wrong type) is skipped
 with a message naming it; a wandb file cut short (a killed run) keeps its complete records, with a message; metric
@@ -60,6 +63,15 @@ TRAIN_PANELS = (
     ("reward", REWARD_METRICS),
     ("entropy", ("actor/entropy",)),
     ("response length", ("response_length/mean",)),
+)
+# RPG's own diagnostics (rpg/losses.py `_metrics`; docs/losses.md): the KL estimate, the KL's share of the effective
+# advantage A' = A + C/w, and the fraction of tokens in each dual-clip branch.
+RPG_KL, RPG_KL_ADV_REL = "actor/rpg/kl", "actor/rpg/kl_adv_rel"
+RPG_BRANCHES = ("pos_grad", "pos_flat_high", "neg_flat_low", "neg_grad", "neg_flat_c")  # rpg.losses.BRANCHES
+RPG_PANELS = (
+    ("KL estimate: rpg/kl", RPG_KL),
+    ("KL share of A': rpg/kl_adv_rel", RPG_KL_ADV_REL),
+    *((f"tokens in branch: rpg/frac_{b}", f"actor/rpg/frac_{b}") for b in RPG_BRANCHES),
 )
 PANEL_PX = (400, 300)
 PANELS_PER_ROW = 4
@@ -401,11 +413,6 @@ def table_csv(sources: Sequence[str], table: dict[str, dict[str, Cell]]) -> str:
 
 def figure_png(runs: Sequence[Run], sources: Sequence[str], prefix: str = "val-core", k: int | None = None) -> bytes:
     """PNG bytes: accuracy per source, then reward, entropy, response length vs step; one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels: list[tuple[str, list[tuple[str, list[tuple[int, float]]]]]] = []
     for source in sources:
         lines, used = [], set()
@@ -421,6 +428,16 @@ def figure_png(runs: Sequence[Run], sources: Sequence[str], prefix: str = "val-c
             metric = next((m for m in candidates if m in present), None)
             lines.append((run.name, run.series(metric) if metric else []))
         panels.append((title, lines))
+
+    return _draw(panels)
+
+
+def _draw(panels: Sequence[tuple[str, list[tuple[str, list[tuple[int, float]]]]]]) -> bytes:
+    """PNG bytes of `panels` (title, [(run name, series)]): 4 panels per row, 400x300 px each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     ncols = min(PANELS_PER_ROW, len(panels))
     nrows = math.ceil(len(panels) / ncols)
@@ -449,6 +466,32 @@ def figure_png(runs: Sequence[Run], sources: Sequence[str], prefix: str = "val-c
     return buffer.getvalue()
 
 
+def has_rpg_metrics(runs: Sequence[Run]) -> bool:
+    return any(metric for _, metric in RPG_PANELS for run in runs if run.series(metric))
+
+
+def diagnostics_png(runs: Sequence[Run]) -> bytes:
+    """PNG bytes: RPG's diagnostics against step (the KL, its share of A', each branch's token fraction); one line
+    per run."""
+    return _draw([(title, [(run.name, run.series(metric)) for run in runs]) for title, metric in RPG_PANELS])
+
+
+def diagnostics_markdown(runs: Sequence[Run]) -> str:
+    """Per run: the last and mean value of each diagnostic over the logged training steps (the CPU demo's, at
+    β = 1e-4: docs/launcher.md#diagnostics)."""
+    header = ["run", "steps"] + [metric.removeprefix("actor/rpg/") + " last / mean" for _, metric in RPG_PANELS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run in runs:
+        cells, steps = [], set()
+        for _, metric in RPG_PANELS:
+            series = run.series(metric)
+            steps |= {step for step, _ in series}
+            values = [v for _, v in series]
+            cells.append(f"{values[-1]:.3g} / {sum(values) / len(values):.3g}" if values else "—")
+        lines.append("| " + " | ".join([run.name, str(len(steps)), *cells]) + " |")
+    return "\n".join(lines) + "\n\nMetrics: " + ", ".join(f"`{m}`" for _, m in RPG_PANELS) + " (rpg/losses.py).\n"
+
+
 # ----------------------------------------------------------------------------------------- output
 
 
@@ -459,7 +502,8 @@ def report(
     k: int | None = None,
     problems: list[str] | None = None,
 ) -> dict[str, Path]:
-    """Read runs, write ``table.md``, ``table.csv``, ``curves.png`` into ``out``; returns the paths.
+    """Read runs, write ``table.md``, ``table.csv``, ``curves.png`` (and for RPG runs ``diagnostics.md``,
+    ``diagnostics.png``) into ``out``; returns the paths.
 
     ``problems``: as in ``load_runs`` (unreadable inputs are reported there and the others still written).
     """
@@ -472,6 +516,9 @@ def report(
         "table.csv": table_csv(sources, table).encode("utf-8"),
         "curves.png": figure_png(runs, sources, prefix, k),
     }
+    if has_rpg_metrics(runs):  # RPG runs: their own diagnostics too (runs of verl's losses log none)
+        outputs["diagnostics.md"] = diagnostics_markdown(runs).encode("utf-8")
+        outputs["diagnostics.png"] = diagnostics_png(runs)
     paths = {name: Path(out) / name for name in outputs}
     for name, data in outputs.items():
         atomic_write_bytes(paths[name], data)
@@ -499,7 +546,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "runs", nargs="+", metavar="RUN", help="[NAME=]PATH of a console log, file-logger .jsonl or wandb run dir"
     )
-    parser.add_argument("--out", required=True, help="output directory for table.md, table.csv, curves.png")
+    parser.add_argument(
+        "--out", required=True, help="output directory for table.md, table.csv, curves.png (RPG runs: diagnostics.*)"
+    )
     parser.add_argument("--metric-prefix", default="val-core", help="validation metric section (default val-core)")
     parser.add_argument(
         "--k", type=_k, default=None, metavar="auto|K", help="mean@K to report (default auto: largest present)"

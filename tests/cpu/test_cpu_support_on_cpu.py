@@ -155,6 +155,8 @@ def test_progress_filter_summarises_verl_console_lines(tmp_path):
         "\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m WARNING target_num_threads 8 should not exceed\n"
         "\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m step:0 - val-core/math_dapo/acc/mean@4:np.float64(0.3125) - x:1\n"
         "(TaskRunnerV1 pid=1) step:3 - critic/score/mean:-0.25 - timing_s/step:4.52 - actor/pg_loss:-0.01\n"
+        "(TaskRunnerV1 pid=1) step:4 - critic/score/mean:0.5 - timing_s/step:5.48 - actor/rpg/kl:np.float64(0.00123)\n"
+        "(TaskRunnerV1 pid=1) step:5 - timing_s/step:150.0 - actor/kl_loss:0.5\n"
         "Traceback (most recent call last):\n"
     )
     out, log = io.StringIO(), io.StringIO()
@@ -162,6 +164,8 @@ def test_progress_filter_summarises_verl_console_lines(tmp_path):
     assert log.getvalue() == console
     assert out.getvalue().splitlines() == [
         "[progress] step 0/10 | VALIDATION acc  31.2% (val-core/math_dapo/acc/mean@4)",
-        "[progress] step 3/10 | train acc  37.5% | 4.5 s/step",
+        "[progress] step 3/10 | train acc  37.5% | 4.5 s/step | ETA 32 s",  # (10 − 3) steps × 4.52 s
+        "[progress] step 4/10 | train acc  75.0% | KL 1.23e-03 | 5.5 s/step | ETA 30 s",  # 6 × mean(4.52, 5.48)
+        "[progress] step 5/10 | KL 5.00e-01 | 150.0 s/step | ETA 4 min 27 s",  # 5 × 160/3 s = 267 s; verl's KL loss
         "Traceback (most recent call last):",
     ]

@@ -153,6 +153,27 @@ def test_toy_single_run_figure_size(report, tmp_path):
     assert "| demo | 0.4000 (step 2) | 0.4000 (step 2) |" in paths["table.md"].read_text(encoding="utf-8")
 
 
+def test_rpg_runs_get_the_diagnostics_panel(report, tmp_path):
+    """A run logging RPG's metrics (the names rpg.losses logs) gets diagnostics.png (KL, kl_adv_rel, 5 branch
+    fractions: 7 panels, 4 × 2 of 400 × 300 px) and diagnostics.md (last / mean per metric, by hand below)."""
+    from rpg.losses import BRANCHES
+
+    assert report.RPG_BRANCHES == BRANCHES
+    fractions = dict(zip(BRANCHES, (0.5, 0.1, 0.05, 0.3, 0.05)))
+    hist = history({0: {DAPO: 0.3}, 2: {DAPO: 0.4}}, range(1, 3))
+    for step in (1, 2):
+        hist[step] |= {"actor/rpg/kl": 1e-3 * step, "actor/rpg/kl_adv_rel": 2e-4 * step}
+        hist[step] |= {f"actor/rpg/frac_{b}": f for b, f in fractions.items()}
+    write_console_log(tmp_path / "rpg.log", hist)
+    paths = report.report([str(tmp_path / "rpg.log")], tmp_path / "out")
+    assert png_size(paths["diagnostics.png"].read_bytes()) == (1600, 600)
+    md = paths["diagnostics.md"].read_text(encoding="utf-8").splitlines()
+    assert md[0].startswith("| run | steps | kl last / mean | kl_adv_rel last / mean | frac_pos_grad last / mean |")
+    assert md[2] == "| rpg | 2 | 0.002 / 0.0015 | 0.0004 / 0.0003 | 0.5 / 0.5 | 0.1 / 0.1 | 0.05 / 0.05 | 0.3 / 0.3 | 0.05 / 0.05 |"
+    # a run of verl's own losses logs none of them: no diagnostics files (test_last_best_table lists the outputs)
+    assert not report.has_rpg_metrics(report.load_runs([str(tmp_path / "rpg.log")])[:0])
+
+
 def test_bad_inputs(report, tmp_path, capsys):
     with pytest.raises(report.ReportError, match="no such file"):
         report.load_runs([str(tmp_path / "missing.log")])

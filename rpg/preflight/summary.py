@@ -1,0 +1,87 @@
+"""The dry run's last lines (`RPG_DRY_RUN=1`): what the run would be, in a dozen lines a person reads after the YAML.
+
+Written as YAML comments (`# ...`), so the dry run's output stays one YAML document (`yaml.safe_load` reads it) and
+`| tail -15` shows the summary: model, loss, β, reference, clip, context, batch × n, steps, memory plan, prompt
+lengths and what a launch would refuse.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from omegaconf import DictConfig
+
+from rpg.loss_table import loss_spec
+from rpg.preflight.gpu import is_gpu_run, runtime_problems
+from rpg.preflight.prompts import unchecked_reason
+
+HEADER = "# ---- rpg dry run: summary ----"
+
+
+def _loss(config: DictConfig) -> list[tuple[str, str]]:
+    actor = config.actor_rollout_ref.actor
+    pl = actor.policy_loss
+    spec = loss_spec(str(pl.loss_mode))
+    adv = f"advantage {config.algorithm.adv_estimator}"
+    if spec is not None:
+        rows = [("loss", f"{pl.loss_mode} ({spec.paper_row}), {adv}"),
+                ("beta", f"β = {pl.get('kl_coef', 1e-4):g} (policy_loss.kl_coef)"),
+                ("reference", str(pl.get("reference", "iterative")) + ("" if pl.get("reference", "iterative") != "iterative"
+                                                                        else " (π_ref = π_old, no reference model)"))]  # fmt: skip
+    else:
+        kl = (f"verl's KL loss {actor.kl_loss_type}, coef {actor.kl_loss_coef:g}" if actor.use_kl_loss
+              else "no KL loss") + (", KL in reward" if config.algorithm.use_kl_in_reward else "")  # fmt: skip
+        rows = [("loss", f"{pl.loss_mode} (verl's), {adv}"), ("beta", kl)]
+    clip = f"ε1 {actor.clip_ratio_low:g}, ε2 {actor.clip_ratio_high:g}"
+    if "clip_ratio_c" in (spec.clip_fields if spec else ("clip_ratio_c",) if pl.loss_mode == "vanilla" else ()):
+        clip += f", dual-clip c {actor.clip_ratio_c:g}"
+    return rows + [("clip", clip)]
+
+
+def _plan(config: DictConfig) -> str:
+    if not is_gpu_run(config):
+        return "CPU run (no GPU plan)"
+    from rpg.preflight.memory import budget_from_env, memory_plan
+
+    try:
+        plan = memory_plan(config, budget_gib=budget_from_env())
+    except ValueError as e:
+        return f"not computed: {e}"
+    return plan.line().split("): ", 1)[-1] + f" per GPU (budget {plan.budget_gib:.1f} GiB)"
+
+
+def summary_lines(config: DictConfig, refusals: Sequence[str], smoke: Optional[str] = None) -> list[str]:
+    """The summary of a validated config; `refusals`: what a real launch would refuse (missing paths, what this node
+    lacks); `smoke`: the smoke run's line, if SMOKE=1."""
+    data, rollout, trainer = config.data, config.actor_rollout_ref.rollout, config.trainer
+    actor = config.actor_rollout_ref.actor
+    steps = trainer.get("total_training_steps")
+    steps_text = f"{steps} steps" if steps else f"{trainer.total_epochs} epoch(s) of the training data"
+    prompts = unchecked_reason(config)
+    rows = [
+        ("model", str(config.actor_rollout_ref.model.path)),
+        *_loss(config),
+        ("context", f"prompt {data.max_prompt_length} + response {data.max_response_length} tokens "
+                    f"(truncation {data.get('truncation', 'error')}; prompt lengths "
+                    f"{'checked' if prompts is None else 'not checked: ' + prompts})"),
+        ("batch", f"{data.train_batch_size} prompts × {rollout.n} responses, mini-batch {actor.ppo_mini_batch_size}, "
+                  f"lr {actor.optim.lr:g}"),
+        ("steps", f"{steps_text}, validation every {trainer.test_freq}, checkpoint every {trainer.save_freq}"),
+        ("nodes", f"{trainer.nnodes} × {trainer.n_gpus_per_node} {'GPU' if is_gpu_run(config) else 'rank'}(s)"),
+        ("memory", _plan(config)),
+    ]  # fmt: skip
+    if smoke:
+        rows.append(("smoke", smoke))
+    lines = [HEADER, *(f"# {k:10} {v}" for k, v in rows)]
+    lines.append("# a launch would refuse:" + ("" if refusals else " nothing"))
+    lines += [f"#   - {r}" for r in refusals]
+    return lines
+
+
+def launch_refusals(config: DictConfig, path_problems: Sequence[str], local: bool) -> list[str]:
+    """What a real launch of a validated config would still refuse: missing local paths, and (GPU, local launch) what
+    this node lacks."""
+    problems = list(path_problems)
+    if is_gpu_run(config) and local:
+        problems += runtime_problems(config)
+    return problems
