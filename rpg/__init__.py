@@ -1,7 +1,8 @@
 """rpg: KL-regularized policy gradients (RPG, ICLR 2026) as a plugin for verl 0.9.1.
 
 verl loads `rpg.verl_plugin` through the `verl.plugins` entry point on `import verl` in every process, which registers
-the RPG policy losses and advantage estimators in verl's own registries.
+the RPG policy losses and advantage estimators in verl's own registries and installs what the run's `RPG_INSTALL`
+names (`rpg.install`, the one place that changes verl for a run).
 
 Importing an rpg module that needs verl imports verl first (`_VerlFirst` below): without it, `import rpg.<module>`
 before verl would start verl's plugin loading while that rpg module is half-initialised; verl swallows the resulting
@@ -24,7 +25,6 @@ VERL_FREE = ("rpg.launch", "rpg.preflight", "rpg.loss_table", "rpg.divergences")
 
 def __getattr__(name):  # lazy: `rpg.RPGPolicyLossConfig` (Hydra `_target_`) without importing verl at `import rpg`
     if name == "RPGPolicyLossConfig":
-        import rpg.reference  # noqa: F401  (its installer runs when the config is built, also if plugins are off)
         from rpg.loss_config import RPGPolicyLossConfig
 
         return RPGPolicyLossConfig

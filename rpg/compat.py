@@ -70,10 +70,12 @@ def require_signature(fn: Callable, params: tuple[str, ...], what: str) -> None:
     """Raise RuntimeError unless `fn`'s parameter names are exactly `params`, in order.
 
     Decorators that use `functools.wraps` are seen through (as `inspect.signature` does), so for a verl method
-    decorated with `@register(...)` the names are those of the method itself, `self` included.
+    decorated with `@register(...)` the names are those of the method itself, `self` included. The keyword Ray adds to
+    the methods of a class once that class (or a subclass) has passed through `ray.remote` (`_ray_trace_ctx`) is not
+    part of verl's signature and is ignored.
     """
     try:
-        actual = tuple(inspect.signature(fn).parameters)
+        actual = tuple(p for p in inspect.signature(fn).parameters if p != "_ray_trace_ctx")
     except (TypeError, ValueError) as e:
         raise RuntimeError(f"{what}: cannot read the signature of {_qualname(fn)} ({e}); expected {params}") from e
     if actual != tuple(params):

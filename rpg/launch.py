@@ -16,7 +16,10 @@ any Ray process starts, it
 5. for a GPU run (`rpg.preflight.gpu`), prints the per-GPU memory plan in one line and refuses a plan over budget,
    and checks that this node has what a local launch needs (vLLM, flash-attn, the GPUs; a dry run only warns);
 6. then either prints the resolved config as YAML and exits (`RPG_DRY_RUN=1`, no Ray, a few seconds) or hands the
-   config unchanged to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one if `trainer.use_v1=False`).
+   config to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one if `trainer.use_v1=False`), with one
+   addition for a run that selects a mode needing more than registered names (a frozen or periodic reference,
+   `grpo_wk3`, schedule-free): `RPG_INSTALL` in the Ray runtime environment (`rpg.install`, the one installation
+   point, run by the plugin entry point at `import verl` in every process).
 
 `SMOKE=1` (`rpg.smoke`) appends the smoke overrides to the recipe's (2 steps, the smallest batch that fills every
 rank; verl's file log in `RPG_SMOKE_DIR`, default outputs/smoke), samples the GPUs' memory during the run and prints
@@ -86,6 +89,7 @@ def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfi
     Local paths that do not exist (`check_paths`) are returned in `path_problems` (a dry run reports them), or raised
     with `real_launch=True`.
     """
+    from rpg import install
     from rpg.schedule_free import check_config as check_schedule_free
 
     validated = build_verl_configs(config)
@@ -97,6 +101,11 @@ def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfi
         raise RecipeConfigError("prompts longer than the configured length:\n- " + "\n- ".join(problems))
     validated.rpg = validate_rpg(config)
     check_schedule_free(config)  # optimizer and trainer agree (schedule-free needs its trainer mode, and only it)
+    validated.install = install.selected(config)
+    try:  # what the run installs in every process (rpg.install): an unsupported verl fails here, before Ray
+        install.check(validated.install)
+    except RuntimeError as e:
+        raise RecipeConfigError(f"invalid RPG configuration:\n- {e}") from None
     return validated
 
 
@@ -164,10 +173,15 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         print("\n".join(summary_lines(config, refusals, smoke_line)))  # the last lines: what a person reads
         sys.stdout.flush()
         return
-    from rpg import smoke
+    from rpg import install, smoke
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
     quiet_engine_warnings(os.environ)  # and in the Ray processes this launch starts
+
+    if validated.install:  # every Ray process installs it at `import verl` (rpg.install, rpg.verl_plugin)
+        value = install.export(config, validated.install)
+        print(f"[rpg] {install.ENV}={value}: installed in every process of the run (rpg/install.py)", file=sys.stderr)
+
     sampler = smoke.GpuMemorySampler().start() if smoke_run is not None else None
     start = time.monotonic()
     try:

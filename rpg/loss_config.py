@@ -14,19 +14,18 @@ here; the reference implementation's behaviour is available through the document
 
 Building the config validates every field and, against the loss table (`rpg.loss_table.LOSSES`), refuses an option
 that cannot change the chosen loss or reference mode (`ineffective_options`) and bypass mode of the legacy trainer for
-an RPG loss. It then calls the hooks registered with `on_build`;
-this module patches nothing itself. `rpg.reference` registers its
-installer there (what the settings need from verl: nothing for the iterative reference), and every verl process
-imports `rpg.reference` through the plugin entry point (`rpg.verl_plugin`). The launcher builds the config at compose
-time and verl builds it in every actor worker (`ActorRolloutRefWorker.init_model`), so the checks and the
-installation both happen before training starts.
+an RPG loss. It is a plain value: building one changes nothing outside it. What a reference mode needs from verl (the
+ref_log_prob adapter, the periodic-reference hooks) is installed by `rpg.install`, the one installation point, in
+every process whose environment names it (`RPG_INSTALL`, set by the launcher for the whole run); `needs_ref_log_prob`
+and `reference` say what that is (`rpg.install.needed`). The launcher builds the config at compose time and verl builds
+it in every actor worker (`ActorRolloutRefWorker.init_model`), so the checks run before training starts.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
@@ -38,6 +37,8 @@ BRANCH_ON = ("effective_advantage", "advantage")
 KL_RATIO = ("clipped", "raw")
 KL_PLACEMENT = ("additive", "inside_clip")
 REFERENCE_MODES = ("iterative", "frozen", "periodic")
+#: The Hydra `_target_`s of this config (`policy_loss._target_`): the public name first.
+RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.loss_config.RPGPolicyLossConfig")
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -120,8 +121,6 @@ class RPGPolicyLossConfig(PolicyLossConfig):
             raise ValueError("; ".join(ineffective))
         if self.spec is not None and (bypass := bypass_error(self.rollout_correction)):
             raise ValueError(bypass)
-        for hook in _ON_BUILD:  # rpg.reference's installer: what this run needs from verl
-            hook(self)
 
     @property
     def spec(self) -> Optional[LossSpec]:
@@ -132,17 +131,6 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     def needs_ref_log_prob(self) -> bool:
         """True when the loss reads verl's `ref_log_prob`: a non-iterative reference, or a loss such as `grpo_wk3`."""
         return self.reference != "iterative" or (self.spec is not None and self.spec.needs_reference)
-
-
-_ON_BUILD: list[Callable[[RPGPolicyLossConfig], None]] = []
-
-
-def on_build(hook: Callable[[RPGPolicyLossConfig], None]) -> Callable[[RPGPolicyLossConfig], None]:
-    """Register `hook(settings)`, called (once per registration, in order) at the end of every
-    `RPGPolicyLossConfig.__post_init__`, after validation. Idempotent; returns `hook`."""
-    if hook not in _ON_BUILD:
-        _ON_BUILD.append(hook)
-    return hook
 
 
 PERIODIC_OPTIONS = ("ref_refresh_steps", "ref_refresh_kl", "ref_kl_ema")
@@ -227,21 +215,12 @@ def rpg_settings(actor_config: Any) -> RPGPolicyLossConfig:
             "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig "
             f"(got policy_loss of type {type(pl).__name__})"
         )
-    key = id(pl)
-    cached = _MAPPING_CACHE.get(key)
-    if cached is not None and cached[0] is pl:
-        return cached[1]
     known = set(RPGPolicyLossConfig.__dataclass_fields__) - {"_target_"}
     kwargs = {k: pl[k] for k in pl.keys() if k in known}
     unknown = sorted(set(pl.keys()) - known - {"_target_"})
     if unknown:
         raise ValueError(f"Unknown policy_loss keys {unknown}; valid keys are {sorted(known)}")
-    cfg = RPGPolicyLossConfig(**kwargs)
-    _MAPPING_CACHE[key] = (pl, cfg)
-    return cfg
-
-
-_MAPPING_CACHE: dict[int, tuple[Any, RPGPolicyLossConfig]] = {}
+    return RPGPolicyLossConfig(**kwargs)
 
 # The clip fields are verl's (ActorConfig); each is checked only for the losses that read it
 # (rpg.loss_table.clip_fields).

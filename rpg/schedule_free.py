@@ -49,12 +49,15 @@ Selecting it (``recipe/rpg/optim/schedulefree.sh`` does this; the optimizer gets
 ``betas``, warm-up stays verl's LambdaLR as in the authors' scripts, AdamWScheduleFree's own ``warmup_steps`` keeps
 its default 0)::
 
-    VERL_USE_EXTERNAL_MODULES=rpg.schedule_free      # registers the trainer in every process (appended to the list)
     actor_rollout_ref.actor.optim.optimizer_impl=schedulefree
     actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree
     trainer.v1.trainer_mode=schedule_free_sync
 
-`check_config` validates that combination (launcher dry runs call it) and refuses to resume a checkpoint that holds
+Importing this module changes nothing in verl: the trainer is registered by `install()`, which `rpg.install` (the one
+installation point) runs in every process whose ``RPG_INSTALL`` names ``schedule_free``; the launcher sets that for a
+run with ``trainer.v1.trainer_mode=schedule_free_sync``. A run started with ``python -m verl.trainer.main_ppo`` adds
+``+ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL=schedule_free`` (verl otherwise refuses the unknown trainer
+mode). `check_config` validates that combination (launcher dry runs call it) and refuses to resume a checkpoint that holds
 the other optimizer's state (`check_resume`). Supported: the v1 synchronous trainer with the FSDP/FSDP2 engine; async
 trainer modes (rollouts from stale parameters) and the legacy trainer are refused.
 """
@@ -257,7 +260,6 @@ class ScheduleFreeActorRolloutRefWorker(ActorRolloutRefWorker):
             self._schedule_free.after_load()
 
 
-@register_trainer(TRAINER_MODE)
 class ScheduleFreeSyncTrainer(PPOTrainerSync):
     """verl's synchronous v1 trainer; validation samples with the schedule-free average x (module docstring)."""
 
@@ -289,6 +291,26 @@ class ScheduleFreeSyncTrainer(PPOTrainerSync):
     def on_validate_end(self):
         self._use_weights(ITERATE)
         super().on_validate_end()
+
+
+def installed() -> bool:
+    """True when verl's trainer registry maps ``schedule_free_sync`` to `ScheduleFreeSyncTrainer`."""
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    try:
+        return get_trainer_cls(TRAINER_MODE) is ScheduleFreeSyncTrainer
+    except (KeyError, ValueError):
+        return False
+
+
+def check() -> None:
+    """Nothing to guard: registering a trainer class uses verl's own registry (`rpg.install`'s contract)."""
+
+
+def install() -> None:
+    """Register `ScheduleFreeSyncTrainer` as ``trainer.v1.trainer_mode=schedule_free_sync`` (idempotent). Run by
+    `rpg.install` in every process whose ``RPG_INSTALL`` names ``schedule_free``."""
+    register_trainer(TRAINER_MODE)(ScheduleFreeSyncTrainer)
 
 
 def _remote_class(actor_cls: Any) -> Any:

@@ -49,6 +49,15 @@ except PackageNotFoundError:
 
 
 @pytest.fixture(scope="session")
+def ref_log_prob_adapter() -> None:
+    """The ref_log_prob adapter installed in this test process (`rpg.install`), as `import verl` installs it in every
+    process of a run whose RPG_INSTALL names it: for tests that call an RPG loss with a reference in-process."""
+    from rpg import install
+
+    install.install([install.REF_LOG_PROB])
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory) -> str:
     """A 2-layer, hidden-32 Qwen2ForCausalLM with random weights (seed 0), vocab 48, eos 2, pad 0, and a word-level
     tokenizer over its 48 ids (t0..t47; the fused worker's rollout side and verl's checkpoint manager load one).

@@ -19,6 +19,8 @@ import rpg.losses as L
 from rpg.loss_config import RPGPolicyLossConfig
 from rpg.reference import adapter
 
+pytestmark = pytest.mark.usefixtures("ref_log_prob_adapter")  # losses with a reference, in-process
+
 SYNCING = {"item", "tolist", "cpu", "numpy", "nonzero", "argwhere", "masked_select", "new_tensor", "tensor",
            "as_tensor", "__bool__", "__float__", "__int__", "__index__", "bincount", "one_hot", "unique"}  # fmt: skip
 

@@ -27,6 +27,8 @@ import rpg.reference
 from rpg.loss_table import ADDON_BASES
 from rpg_oracles import DIVS
 
+pytestmark = pytest.mark.usefixtures("ref_log_prob_adapter")  # losses with a reference, in-process
+
 BETA = 0.3
 WIDE = dict(low=0.999, high=1e6, c=1e7)  # no clip active anywhere
 BASE_OPTIONS = {"dro": {"dro_beta": 0.1}}

@@ -41,7 +41,14 @@ def test_every_row_is_registered_and_is_an_rpg_loss():
     assert rpg_names == set(L.LOSSES)
     assert all(is_rpg_loss(n) for n in L.LOSSES) and "grpo_wk3" in L.LOSSES
     assert not any(is_rpg_loss(n) for n in ("vanilla", "gspo", "rpg", "rpg_reinforce", "grpo"))
-    assert len(L.LOSSES) == 4 * len(DIVERGENCES) + 1  # three RPG families, the KL add-on, grpo_wk3
+
+
+def test_every_family_has_one_row_per_divergence():
+    """No family lost a divergence and no row overwrote another (a repeated name keeps only the last row), and each
+    row is filed under its own name."""
+    assert all(name == spec.name for name, spec in L.LOSSES.items())
+    pairs = [(s.family, s.divergence.name) for s in L.LOSSES.values() if not s.needs_reference]
+    assert sorted(pairs) == sorted((f, d) for f in L.FAMILIES for d in DIVERGENCES)
 
 
 def test_list_prints_every_loss(capsys):

@@ -16,6 +16,8 @@ from rpg.divergences import DIVERGENCES
 from rpg_oracles import DIVS, weight
 from verl_batch import actor_config
 
+pytestmark = pytest.mark.usefixtures("ref_log_prob_adapter")  # losses with a reference, in-process
+
 RPG_NAMES = sorted(n for n, s in L.LOSSES.items() if s.family != L.ADDON)  # the add-on: test_kl_addon_on_cpu.py
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

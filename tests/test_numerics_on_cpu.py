@@ -40,6 +40,8 @@ import rpg.losses as L
 from rpg.divergences import DIVERGENCES
 from rpg.loss_config import RPGPolicyLossConfig
 
+pytestmark = pytest.mark.usefixtures("ref_log_prob_adapter")  # losses with a reference, in-process
+
 GRID = [-60.0, -50.0, -44.0, -30.0, -19.0, -11.0, -1.0, 0.0, 1.0, 11.0, 19.0, 30.0, 44.0, 50.0, 60.0]
 ADVANTAGES = [0.5, -0.5]
 BETA = 0.05

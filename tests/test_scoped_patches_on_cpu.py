@@ -1,11 +1,13 @@
-"""The plugin patches verl only where a run asks for it, and only a verl it was written for (rpg/compat.py,
-rpg/reference/).
+"""The plugin patches verl only where a run asks for it, in one place (rpg/install.py), and only a verl it was written
+for (rpg/compat.py, rpg/reference/, rpg/schedule_free.py).
 
-Fresh processes: after `import verl` and importing verl's worker and trainer modules, verl's `ppo_loss` and
-`ActorRolloutRefWorker.update_actor/save_checkpoint/load_checkpoint` are verl's own objects and no rpg import hook is
-on `sys.meta_path`, while every RPG name is registered. Building an `RPGPolicyLossConfig` installs exactly what its
-settings need. A fake verl version or a changed signature makes that fail before anything is patched, with a message
-naming both. About 40 s (four fresh processes importing verl).
+Fresh processes: after `import verl` and importing verl's worker and trainer modules, verl's `ppo_loss`,
+`ActorRolloutRefWorker.update_actor/save_checkpoint/load_checkpoint` and verl's trainer registry are verl's own and no
+rpg import hook is on `sys.meta_path`, while every RPG name is registered; building `RPGPolicyLossConfig` with
+`reference=periodic`, `reference=frozen` or `grpo_wk3` changes none of them (plain objects). `import verl` with
+`RPG_INSTALL` set installs exactly what it names. A fake verl version or a changed signature makes the installation
+fail before anything is patched, with a message naming both; the launcher refuses it before Ray, and the loss names
+the fix when its adapter is missing. About 60 s (seven fresh processes importing verl).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import textwrap
 
 import pytest
 
-from rpg import compat
+from rpg import compat, install
 
 PRELUDE = textwrap.dedent(
     """
@@ -28,6 +30,7 @@ PRELUDE = textwrap.dedent(
     import verl.workers.utils.losses as losses
     import verl.trainer.main_ppo, verl.trainer.ppo.core_algos, verl.trainer.ppo.v1  # noqa: F401
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
     METHODS = ("update_actor", "save_checkpoint", "load_checkpoint")
 
@@ -46,6 +49,7 @@ PRELUDE = textwrap.dedent(
         return {
             "ppo_loss": verls_own(losses.ppo_loss, "verl/workers/utils/losses.py") and ew.ppo_loss is losses.ppo_loss,
             "worker": all(verls_own(cls.__dict__[m], "verl/workers/engine_workers.py") for m in METHODS),
+            "trainers": all(c.__module__.startswith("verl.") for c in TRAINER_REGISTRY.values()),
         }
     """
 )
@@ -66,19 +70,21 @@ SCOPE = PRELUDE + textwrap.dedent(
     """
 )
 
-ORIGINAL = {"ppo_loss": True, "worker": True}
-ADAPTER = {"ppo_loss": False, "worker": True}
-BOTH = {"ppo_loss": False, "worker": False}
+ORIGINAL = {"ppo_loss": True, "worker": True, "trainers": True}
+CONFIGS = [("periodic", {"loss_mode": "rpg_ufkl", "reference": "periodic", "ref_refresh_steps": 4}),
+           ("frozen", {"loss_mode": "rpg_reinforce_hardclip_rkl", "reference": "frozen"}),
+           ("grpo_wk3", {"loss_mode": "grpo_wk3"}),
+           ("verl_periodic", {"loss_mode": "vanilla", "reference": "periodic", "ref_refresh_kl": 0.1})]  # fmt: skip
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM",
-                                                            "VERL_ENGINE_DEVICE")}  # fmt: skip
-    return env
+def _env(**extra: str) -> dict[str, str]:
+    drop = ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM", "VERL_ENGINE_DEVICE", install.ENV)
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
 
 
-def _run(code: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], env=_env(), capture_output=True, text=True, timeout=600)
+def _run(code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], env=_env(**env), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
 
 
 def _json(proc: subprocess.CompletedProcess) -> dict:
@@ -86,34 +92,33 @@ def _json(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize(
-    "steps, expected",
-    [
-        ([("iterative", {"loss_mode": "rpg_reinforce_urkl"}),
-          ("grpo_wk3", {"loss_mode": "grpo_wk3"}),
-          ("periodic", {"loss_mode": "rpg_ufkl", "reference": "periodic", "ref_refresh_steps": 4})],
-         {"iterative": ORIGINAL, "grpo_wk3": ADAPTER, "periodic": BOTH}),
-        ([("frozen", {"loss_mode": "rpg_reinforce_hardclip_rkl", "reference": "frozen"})], {"frozen": ADAPTER}),
-    ],
-    ids=["iterative-grpo_wk3-periodic", "frozen"],
-)  # fmt: skip
-def test_import_verl_patches_nothing_and_each_setting_installs_what_it_needs(steps, expected):
-    out = _json(_run(SCOPE, json.dumps(steps)))
+def test_import_verl_and_building_configs_patch_nothing():
+    out = _json(_run(SCOPE, json.dumps(CONFIGS)))
     assert out["import"] == ORIGINAL  # verl's own objects after importing verl, its workers and its trainers
     assert not [f for f in out["finders"] if f.startswith("rpg")], out["finders"]
     from rpg.loss_table import LOSSES
 
     assert out["registered"] == sorted(LOSSES) and out["estimators"] == ["rpg", "rpg_batchmean"]
-    assert {name: out[name] for name in expected} == expected
+    assert {name: out[name] for name, _ in CONFIGS} == {name: ORIGINAL for name, _ in CONFIGS}  # plain objects
+
+
+@pytest.mark.parametrize(
+    "names, expected",
+    [("ref_log_prob", {"ppo_loss": False, "worker": True, "trainers": True}),
+     ("schedule_free, periodic_reference", {"ppo_loss": True, "worker": False, "trainers": False})],
+)  # fmt: skip
+def test_rpg_install_installs_exactly_what_it_names(names, expected):
+    out = _json(_run(SCOPE, "[]", **{install.ENV: names}))
+    assert out["import"] == expected
 
 
 GUARD = PRELUDE + textwrap.dedent(
     """
     import importlib.metadata
     exec(sys.argv[2])  # the sabotage: a fake verl version or a changed signature
-    from rpg.loss_config import RPGPolicyLossConfig
+    from rpg import install
     try:
-        RPGPolicyLossConfig(**json.loads(sys.argv[1]))
+        install.install(json.loads(sys.argv[1]))
         error = None
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
@@ -144,28 +149,28 @@ ew.ActorRolloutRefWorker.update_actor = update_actor
 
 
 @pytest.mark.parametrize(
-    "sabotage, settings, needles",
+    "sabotage, names, needles",
     [
-        (FAKE_VERSION, {"loss_mode": "rpg_urkl", "reference": "frozen"},
+        (FAKE_VERSION, ["ref_log_prob", "periodic_reference"],
          ["verl 0.10.0", "verl>=0.9.1,<0.10", "ref_log_prob adapter"]),
-        (CHANGED_PPO_LOSS, {"loss_mode": "grpo_wk3"},
+        (CHANGED_PPO_LOSS, ["ref_log_prob"],
          ["verl.workers.utils.losses.ppo_loss('config', 'model_output', 'data', 'dp_group')",
           "verl.workers.utils.losses.ppo_loss('config', 'model_output', 'data', 'dp_group', 'loss_scale')",
           "verl 0.9.1", "ref_log_prob adapter"]),
-        (CHANGED_UPDATE_ACTOR, {"loss_mode": "rpg_urkl", "reference": "periodic", "ref_refresh_kl": 0.1},
+        (CHANGED_UPDATE_ACTOR, ["ref_log_prob", "periodic_reference"],
          ["ActorRolloutRefWorker.update_actor('self', 'data')", "ActorRolloutRefWorker.update_actor('self', 'data', "
           "'timing')", "verl 0.9.1", "periodic-reference hooks"]),
     ],
     ids=["verl-version", "ppo_loss-signature", "update_actor-signature"],
 )  # fmt: skip
-def test_unsupported_verl_fails_at_start_up_naming_both_and_patches_nothing(sabotage, settings, needles):
-    out = _json(_run(GUARD, json.dumps(settings), sabotage))
+def test_unsupported_verl_fails_at_start_up_naming_both_and_patches_nothing(sabotage, names, needles):
+    out = _json(_run(GUARD, json.dumps(names), sabotage))
     assert out["error"] and out["error"].startswith("RuntimeError"), out
     for needle in needles:
         assert needle in out["error"], (needle, out["error"])
     assert out["state"]["ppo_loss"] or sabotage is CHANGED_PPO_LOSS  # the adapter was not installed
     assert out["state"] == {"ppo_loss": sabotage is not CHANGED_PPO_LOSS, "worker": sabotage is not
-                            CHANGED_UPDATE_ACTOR}  # nothing patched (the sabotaged object is not verl's file) fmt: skip
+                            CHANGED_UPDATE_ACTOR, "trainers": True}  # nothing patched (the sabotaged object is not verl's file) fmt: skip
     assert out["registered"]  # registration needs no patch and works on any verl
 
 
@@ -211,17 +216,19 @@ UNPICKLED_LOSS = textwrap.dedent(
 )
 
 
-def test_the_loss_names_a_missing_adapter():
+def test_the_loss_names_a_missing_adapter_and_the_fix():
+    """A run started without the launcher (e.g. python -m verl.trainer.main_ppo) and without RPG_INSTALL."""
     import pickle
 
     from verl_batch import actor_config
 
-    cfg = actor_config("rpg_urkl", reference="frozen")
+    cfg = actor_config("rpg_urkl", reference="periodic", ref_refresh_steps=2)
     proc = _run(UNPICKLED_LOSS, pickle.dumps(cfg).hex())
     assert proc.returncode == 0, proc.stderr[-3000:]
     message = proc.stdout.strip().splitlines()[-1]
     assert "ref_log_prob adapter around verl's ppo_loss" in message and "not installed in this process" in message
-    assert "rpg.reference.install(settings)" in message
+    assert "periodic-reference hooks" in message and "python -m rpg.launch" in message
+    assert "+ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL=ref_log_prob,periodic_reference" in message
 
 
 LAUNCHER = textwrap.dedent(
@@ -229,13 +236,13 @@ LAUNCHER = textwrap.dedent(
     import importlib.metadata
     _real = importlib.metadata.version
     importlib.metadata.version = lambda p: "0.10.0" if p == "verl" else _real(p)
-    from rpg.launch import RecipeConfigError, compose_config, validate_rpg
+    from rpg.launch import RecipeConfigError, compose_config, validate
     config = compose_config(["actor_rollout_ref.rollout.name=vllm", "algorithm.adv_estimator=rpg",
         "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
         "actor_rollout_ref.actor.policy_loss.loss_mode=grpo_wk3",
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0"])
     try:
-        validate_rpg(config)
+        validate(config)
         print("no error")
     except RecipeConfigError as e:
         print(str(e).replace(chr(10), " "))
@@ -248,3 +255,36 @@ def test_the_launcher_refuses_an_unsupported_verl_before_ray():
     assert proc.returncode == 0, proc.stderr[-3000:]
     message = proc.stdout.strip().splitlines()[-1]
     assert "verl 0.10.0" in message and "verl>=0.9.1,<0.10" in message and "ref_log_prob adapter" in message
+
+
+# ---- the launcher's side of the contract: what a composed config selects, exported to every Ray process ------------
+BASE = ["algorithm.adv_estimator=rpg", "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig"]
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [(["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_urkl"], ()),
+     (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_urkl", "+actor_rollout_ref.actor.policy_loss.reference=frozen"],
+      ("ref_log_prob",)),
+     (["actor_rollout_ref.actor.policy_loss.loss_mode=grpo_wk3"], ("ref_log_prob",)),
+     (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_ufkl", "+actor_rollout_ref.actor.policy_loss.reference=periodic",
+       "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=4"], ("ref_log_prob", "periodic_reference")),
+     (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_urkl", "trainer.v1.trainer_mode=schedule_free_sync"],
+      ("schedule_free",))],
+    ids=["iterative", "frozen", "grpo_wk3", "periodic", "schedule_free"],
+)  # fmt: skip
+def test_the_launcher_selects_and_exports_what_the_config_needs(overrides, expected):
+    from rpg.launch import compose_config
+
+    config = compose_config(BASE + overrides)
+    assert install.selected(config) == expected
+    environ: dict[str, str] = {}
+    value = install.export(config, reversed(expected), environ)  # the order given does not matter
+    assert environ == {install.ENV: value} and install.names(value) == expected  # what the plugin reads back
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars[install.ENV] == value  # verl's run_ppo → ray.init
+
+
+def test_an_unknown_name_lists_the_valid_ones():
+    with pytest.raises(ValueError) as info:
+        install.names("ref_log_prob,periodic")
+    assert "'periodic'" in str(info.value) and all(n in str(info.value) for n in install.NAMES)

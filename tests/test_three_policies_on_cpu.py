@@ -25,6 +25,8 @@ from three_policy_oracles import (
     NAMES, BETA, TwoStep, actor_config, one_step, one_step_expected_gradient, one_step_item_grads, tis_weights,
 )  # fmt: skip
 
+pytestmark = pytest.mark.usefixtures("ref_log_prob_adapter")  # losses with a reference, in-process
+
 MODES = ("iterative", "frozen")
 EXACT = 1e-10
 

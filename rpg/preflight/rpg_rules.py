@@ -10,9 +10,8 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig
 
+from rpg.loss_config import RPG_POLICY_LOSS_TARGETS
 from rpg.preflight.compose import RecipeConfigError, _detached
-
-RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.loss_config.RPGPolicyLossConfig")
 
 
 def is_rpg_loss(loss_mode: str) -> bool:
@@ -53,8 +52,8 @@ def check_registered(config: DictConfig) -> None:
 
 def _rpg_policy_loss(config: DictConfig):
     """Instantiate `actor.policy_loss` as `RPGPolicyLossConfig` (its __post_init__ validates every field against the
-    loss table; the `rpg.loss_config.on_build` hook that `rpg.reference` registers then installs what the run needs from
-    verl, failing here if this verl is not supported)."""
+    loss table; it changes nothing outside it: what the run needs from verl is `rpg.install`'s, checked by the
+    launcher's `validate`)."""
     from hydra.errors import InstantiationException
 
     from rpg.loss_config import RPGPolicyLossConfig
@@ -197,9 +196,7 @@ def validate_rpg(config: DictConfig):
     * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
       `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
     * `reference=periodic` on several nodes ⇒ the checkpoint folder is declared shared (`RPG_SHARED_CKPT=1`);
-    * `reference=periodic` ⇒ not `trainer.v1.trainer_mode=separate_async` (untested there);
-    * building the RPG config installs the `ref_log_prob` adapter (and for `periodic` the worker hooks) when the
-      settings need them: on a verl version or signature they were not written for, that fails here, naming both.
+    * `reference=periodic` ⇒ not `trainer.v1.trainer_mode=separate_async` (untested there).
     """
     from rpg.loss_config import clip_errors
     from rpg.loss_table import ADDON, VERL_CLIP_FIELDS, clip_fields

@@ -29,6 +29,7 @@ class ValidatedConfig:
     model: Any = None  # HFModelConfig when the model path is a local directory, else None (checked structurally)
     rpg: Any = None  # RPGPolicyLossConfig for RPG losses
     path_problems: list = dataclasses.field(default_factory=list)  # check_paths: a dry run reports them
+    install: tuple = ()  # rpg.install.selected: what every process of the run installs (RPG_INSTALL)
 
 
 def _ref_as_worker_builds_it(config: DictConfig) -> DictConfig:

@@ -25,25 +25,23 @@ One module per job:
 * `rpg.reference.periodic` — the periodic reference in verl's worker: the weight copy, the hooks on
   ``ActorRolloutRefWorker`` and the checkpoint of the reference state.
 
-When verl is patched: only when a run asks for it. ``import verl`` (the plugin entry point) registers names and
-patches nothing. This package registers `install` with `rpg.loss_config.on_build`, so `install(settings)` runs at the end of
-every `RPGPolicyLossConfig.__post_init__` in a process that imported it — every verl process does, through the plugin
-entry point (`rpg.verl_plugin` imports `rpg.losses`, which imports this package). verl builds the actor config in the
-launcher's dry run and, in every actor worker, in ``ActorRolloutRefWorker.init_model``
-(``omega_conf_to_dataclass(config.actor)``), which runs before it binds ``ppo_loss`` into the worker's loss function
-and before any training step. `install` installs the adapter when the settings need ``ref_log_prob`` (a reference mode
-other than ``iterative``, or a loss that needs a reference model such as ``grpo_wk3``) and, for ``periodic``, the
-worker hooks. Each patch checks the verl version and the signature of what it wraps (`rpg.compat`) and fails at
-start-up, naming both, when they differ (in the launcher: before Ray starts). `require(settings)`, called by the RPG
-losses, fails clearly when something the settings need is not installed in the process that runs them (e.g. a loss
-config that reached a process without being built there).
+When verl is patched: only when a run asks for it, and only by `rpg.install`, the one installation point. ``import
+verl`` runs the plugin entry point (`rpg.verl_plugin`), which registers names and installs exactly what the environment
+variable ``RPG_INSTALL`` names: ``ref_log_prob`` (the adapter, for a reference mode other than ``iterative`` or a loss
+that needs a reference model such as ``grpo_wk3``) and ``periodic_reference`` (the worker hooks). The launcher
+(`rpg.launch`) derives that value from the composed config and puts it in the environment of every Ray process.
+Building an `RPGPolicyLossConfig` changes nothing outside it. Each patch checks the verl version and the signature of
+what it wraps (`rpg.compat`) and fails, naming both, before anything is patched (in the launcher: before Ray starts).
+`require(settings)`, called by the RPG losses, fails clearly, naming the fix, when something the settings need is not
+installed in the process that runs them (e.g. a run started with ``python -m verl.trainer.main_ppo`` without
+``RPG_INSTALL``; docs/reference-modes.md#installation).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rpg.loss_config import on_build
+from rpg import install as _install
 from rpg.reference import adapter, periodic
 from rpg.reference.adapter import current_ref_log_prob, token_kl_to_reference
 from rpg.reference.periodic import PeriodicReference, copy_policy_weights
@@ -55,43 +53,26 @@ __all__ = [
     "RefreshSchedule",
     "copy_policy_weights",
     "current_ref_log_prob",
-    "install",
     "require",
     "token_kl_to_reference",
 ]
 
 
-def _needed(settings: Any) -> list[tuple[str, Any]]:
-    """(what, module) pairs `settings` (an `RPGPolicyLossConfig`) needs installed."""
-    needed = []
-    if settings.needs_ref_log_prob:
-        needed.append(("the ref_log_prob adapter around verl's ppo_loss", adapter))
-    if settings.reference == "periodic":
-        needed.append(("the periodic-reference hooks on verl's ActorRolloutRefWorker", periodic))
-    return needed
-
-
-@on_build
-def install(settings: Any) -> None:
-    """Install what `settings` needs (nothing for the iterative reference with a loss that needs no reference).
-
-    Every guard runs before the first patch: on an unsupported verl nothing is patched."""
-    needed = [module for _, module in _needed(settings)]
-    for module in needed:
-        module.check()
-    for module in needed:
-        module.install()
-
-
 def require(settings: Any) -> None:
-    """Raise RuntimeError naming what `settings` needs and is not installed in this process."""
-    absent = [what for what, module in _needed(settings) if not module.installed()]
+    """Raise RuntimeError naming what `settings` (an `RPGPolicyLossConfig`) needs that is not installed in this
+    process, and the fix."""
+    what = {_install.REF_LOG_PROB: "the ref_log_prob adapter around verl's ppo_loss",
+            _install.PERIODIC_REFERENCE: "the periodic-reference hooks on verl's ActorRolloutRefWorker"}  # fmt: skip
+    needed = _install.needed(settings)
+    absent = [name for name in needed if not _install.installed(name)]
     if absent:
         raise RuntimeError(
             f"loss_mode={settings.loss_mode!r} with reference={settings.reference!r} needs "
-            f"{' and '.join(absent)}, which is not installed in this process. It is installed when "
-            f"rpg.RPGPolicyLossConfig is built in a process that imported rpg.reference (verl's "
-            f"ActorRolloutRefWorker.init_model builds it from "
-            f"actor_rollout_ref.actor.policy_loss with _target_=rpg.RPGPolicyLossConfig); if this process builds the "
-            f"loss config another way, call rpg.reference.install(settings) first."
+            f"{' and '.join(what[n] for n in absent)}, which is not installed in this process. rpg installs it at "
+            f"`import verl` in every process whose environment has {_install.ENV} naming it (rpg/install.py): "
+            f"`python -m rpg.launch` (every recipe) sets that for the whole run. A run started otherwise (e.g. python "
+            f"-m verl.trainer.main_ppo) needs the override +ray_kwargs.ray_init.runtime_env.env_vars."
+            f"{_install.ENV}={','.join(needed)} (or, on a local Ray cluster, export {_install.ENV}={','.join(needed)}); "
+            f"in-process code calls rpg.install.install({list(needed)}) before the first loss call "
+            f"(docs/reference-modes.md#installation)."
         )

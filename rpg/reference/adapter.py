@@ -10,7 +10,7 @@ reference's κ criterion needs (`rpg.reference.periodic`).
 
 `install()` replaces `ppo_loss` in `verl.workers.utils.losses` and the copy `verl.workers.engine_workers` binds with
 `from ... import ppo_loss`, after checking the verl version and `ppo_loss`'s signature (`rpg.compat`). It runs only
-when a run needs it (`rpg.reference.install`, run when an `RPGPolicyLossConfig` is built); a verl run that selects
+when a run needs it (`rpg.install`: the run's `RPG_INSTALL` names ``ref_log_prob``); a verl run that selects
 no RPG reference mode or reference-based loss keeps verl's own `ppo_loss`. verl's `distillation_ppo_loss` binds its
 own copy and is not covered.
 """

@@ -27,8 +27,8 @@ With ``reference='periodic'`` the reference weights are overwritten with the act
 
 The class patch reaches the running workers because verl creates them inside its colocated ``WorkerDict``/
 ``FusedWorker`` (``verl.single_controller.ray.base``), which dispatch every remote call by attribute lookup on the
-worker instance at call time; `install()` runs in the worker's ``init_model`` (when it builds the actor config),
-before the first call that needs the hooks.
+worker instance at call time; `install()` runs at ``import verl`` in every process whose ``RPG_INSTALL`` names
+``periodic_reference`` (`rpg.install`, through the plugin entry point), before any worker exists.
 
 The KL measured for κ is the importance-weighted k3 estimate of KL(π_θ‖π_ref) per token on π_old samples,
 ``w·k3(π_ref/π_θ)`` (`rpg.reference.adapter.token_kl_to_reference`), evaluated at the current θ of each micro-batch,

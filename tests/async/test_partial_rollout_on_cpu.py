@@ -12,13 +12,11 @@ import threading
 
 import pytest
 import torch
+from omegaconf import OmegaConf
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
-pytest.importorskip("verl")
-from omegaconf import OmegaConf  # noqa: E402
-from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync  # noqa: E402
-
-from rpg.cpu.hf_rollout import HFRolloutServer  # noqa: E402
-from rpg.cpu.sampler import FastPollReplayBuffer, FastPollReplayBufferAsync  # noqa: E402
+from rpg.cpu.hf_rollout import HFRolloutServer
+from rpg.cpu.sampler import FastPollReplayBuffer, FastPollReplayBufferAsync
 
 PROMPTS = [[5, 6, 7, 9], [11, 9], [3, 4, 5, 6, 7, 8, 9], [20, 21, 22]]
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "ignore_eos": True}

@@ -12,12 +12,10 @@ import os
 
 import pytest
 import torch
+from verl.workers.rollout.base import _ROLLOUT_REGISTRY, get_rollout_class
+from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-pytest.importorskip("verl")
-from verl.workers.rollout.base import _ROLLOUT_REGISTRY, get_rollout_class  # noqa: E402
-from verl.workers.rollout.replica import RolloutReplicaRegistry  # noqa: E402
-
-from rpg.cpu.hf_rollout import HFReplica, HFRolloutServer, HFServerAdapter, SamplingSpec, process_logits  # noqa: E402
+from rpg.cpu.hf_rollout import HFReplica, HFRolloutServer, HFServerAdapter, SamplingSpec, process_logits
 
 PROMPTS = [[5, 6, 7, 9], [11, 9], [3, 4, 5, 6, 7, 8, 9], [20, 21, 22]]
 SAMPLE = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}

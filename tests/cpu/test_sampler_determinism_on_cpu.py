@@ -14,13 +14,11 @@ import uuid
 
 import pytest
 import torch
+import verl.trainer.ppo.v1.replay_buffer as verl_replay_buffer
 from omegaconf import OmegaConf
 
-pytest.importorskip("verl")
-import verl.trainer.ppo.v1.replay_buffer as verl_replay_buffer  # noqa: E402
-
-import rpg.cpu.sampler as rpg_sampler  # noqa: E402
-from rpg.cpu.sampler import FastPollReplayBuffer  # noqa: E402
+import rpg.cpu.sampler as rpg_sampler
+from rpg.cpu.sampler import FastPollReplayBuffer
 
 N = 4  # samples per prompt
 

@@ -19,10 +19,9 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
+from verl.utils.reward_score import default_compute_score
 
 from rpg.data import reward as rpg_reward
-
-default_compute_score = pytest.importorskip("verl.utils.reward_score").default_compute_score
 
 RIGHT = "Let me think.\nThe sum is 42.\nAnswer: 42"
 WRONG = "Let me think.\nAnswer: 41"

@@ -7,7 +7,6 @@ import pytest
 @pytest.fixture(scope="session")
 def two_ranks():
     """2 spawned processes in one gloo process group (tests/ranks/rank_pool.py); closed at the end of the session."""
-    pytest.importorskip("verl.workers.engine_workers")
     from rank_pool import RankPool
 
     pool = RankPool(world_size=2)

@@ -242,8 +242,10 @@ def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, 
                      refresh_kl: float, steps: int, save_at: Optional[int] = None) -> dict[str, Any]:  # fmt: skip
     """Train `steps` steps with a periodic reference (K = refresh_steps, κ = refresh_kl); checkpoint at `save_at`,
     then resume from it in a fresh worker and train the remaining steps. Returns what each rank observed."""
+    from rpg import install
     from rpg.reference.periodic import _engine_module
 
+    install.install([install.REF_LOG_PROB, install.PERIODIC_REFERENCE])  # what RPG_INSTALL names in a run
     reductions: list = []
     _record_reductions(reductions)
     worker = _periodic_worker(model_dir, world_size, refresh_steps, refresh_kl)

@@ -260,9 +260,9 @@ def test_schedule_free_script_selects_optimizer_trainer_and_module(script):
     # nothing after the optimizer block switches back to AdamW or to another trainer
     last = {a.split("=", 1)[0]: a for a in argv[3:]}
     assert all(last[o.split("=", 1)[0]] == o for o in SF_EXPECTED)
-    assert "rpg.schedule_free" in printed(script)["env"]["VERL_USE_EXTERNAL_MODULES"].split(",")
     v = validated(script)
     assert sfm.check_config(v.config) is True
+    assert "schedule_free" in v.install  # every process of the run registers the trainer (rpg.install)
     optim = v.actor.optim
     assert (optim.weight_decay, tuple(optim.betas), optim.lr_warmup_steps, optim.lr_scheduler_type) == (
         0.1, (0.9, 0.999), 10, "constant")

@@ -14,15 +14,13 @@ import textwrap
 import pytest
 import torch
 from tensordict import TensorDict
+from verl.trainer.ppo import core_algos
+from verl.utils import tensordict_utils as tu
+from verl.workers.config import ActorConfig, PolicyLossConfig
+from verl.workers.utils import losses
+from verl.workers.utils.padding import left_right_2_no_padding
 
 from rpg import reference
-
-pytest.importorskip("verl.workers.utils.losses")
-from verl.trainer.ppo import core_algos  # noqa: E402
-from verl.utils import tensordict_utils as tu  # noqa: E402
-from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
-from verl.workers.utils import losses  # noqa: E402
-from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 PROBE = "rpg_test_reference_probe"
 PROMPT_W, RESP_W = 4, 5

@@ -14,7 +14,6 @@ import os
 import pytest
 import torch
 
-pytest.importorskip("verl.workers.engine_workers")
 
 K = 3
 BATCH, MINI_BATCH = 4, 2  # -> 2 optimizer steps per training step
@@ -28,7 +27,10 @@ def make_worker(tiny_qwen2_dir):
         pytest.skip("VERL_PLATFORM is set to another platform")
     from cpu_worker import compose, one_rank_env
 
-    one_rank_env()  # the periodic hooks are installed by the worker's own init_model (RPGPolicyLossConfig)
+    from rpg import install
+
+    one_rank_env()
+    install.install([install.REF_LOG_PROB, install.PERIODIC_REFERENCE])  # what RPG_INSTALL names in a run
     import rpg.cpu.hf_rollout  # noqa: F401  (registers rollout.name=hf, needed by the fused worker's init_model)
     from verl.workers.engine_workers import ActorRolloutRefWorker
 

@@ -1,7 +1,7 @@
 """recipe/rpg/optim/schedulefree.sh through the real launcher: one script passes a full `RPG_DRY_RUN=1` in a fresh
-Python that imports `rpg.schedule_free` through verl's VERL_USE_EXTERNAL_MODULES, as every Ray process will.
+Python (the trainer is registered in every Ray process by RPG_INSTALL=schedule_free, rpg/install.py).
 
-What every `*_schedulefree*` script selects (schedule-free AdamW, the `schedule_free_sync` trainer, the module in
+What every `*_schedulefree*` script selects (schedule-free AdamW, the `schedule_free_sync` trainer, its RPG_INSTALL name in
 every process) is checked in tests/recipes/test_dry_run_on_cpu.py with every other check of every script."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rpg.tools.dry_run_digest import recipe_env
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_dry_run_imports_the_module_in_a_fresh_process():
+def test_dry_run_in_a_fresh_process():
     script = REPO / "recipe" / "rpg" / "7b" / "run_rpg_7b_urkl1e-4_schedulefree.sh"
     env = recipe_env(RPG_DRY_RUN="1", PYTHON=sys.executable)  # GPU scripts run python3 unless PYTHON is set
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)

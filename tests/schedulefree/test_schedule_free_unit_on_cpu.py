@@ -190,10 +190,12 @@ def test_validation_hooks_skip_resync_when_weights_did_not_change():
     assert log == [("set", "average"), ("set", "iterate")]
 
 
-def test_trainer_is_registered_and_behaves_as_sync_trainer():
+def test_trainer_is_registered_by_install_and_behaves_as_sync_trainer():
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    assert get_trainer_cls(sfm.TRAINER_MODE) is sfm.ScheduleFreeSyncTrainer
+    sfm.install()  # rpg.install runs it where RPG_INSTALL names schedule_free (tests/test_scoped_patches_on_cpu.py)
+    sfm.install()  # idempotent
+    assert sfm.installed() and get_trainer_cls(sfm.TRAINER_MODE) is sfm.ScheduleFreeSyncTrainer
     trainer = object.__new__(sfm.ScheduleFreeSyncTrainer)
     trainer.trainer_mode = sfm.TRAINER_MODE  # what PPOTrainer.__init__ does
     assert trainer.trainer_mode == "sync"

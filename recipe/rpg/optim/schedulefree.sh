@@ -6,12 +6,7 @@
 # warmup_steps keeps its default 0 — as in the authors' scripts (docs/schedule-free.md#settings).
 # The trainer `schedule_free_sync` (verl's sync trainer + two hooks, rpg/schedule_free.py) keeps one parameter set per
 # role: rollouts, old_log_prob and the update at the iterate y; validation and the HF export at the average x (fixes
-# docs/differences.md#d16). `rpg.schedule_free` registers that trainer and must be imported by every process: it is
-# appended to VERL_USE_EXTERNAL_MODULES (forwarded to Ray jobs by common.sh).
-case ",${VERL_USE_EXTERNAL_MODULES:-}," in
-  *,rpg.schedule_free,*) ;;
-  *) export VERL_USE_EXTERNAL_MODULES="${VERL_USE_EXTERNAL_MODULES:+$VERL_USE_EXTERNAL_MODULES,}rpg.schedule_free" ;;
-esac
+# docs/differences.md#d16). The launcher has every process register that trainer (RPG_INSTALL, rpg/install.py).
 
 RPG_OPTIM_OVERRIDES=(
   actor_rollout_ref.actor.optim.optimizer_impl=schedulefree

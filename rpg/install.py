@@ -1,0 +1,145 @@
+"""The one place where rpg-verl changes verl for a run: what the environment variable `RPG_INSTALL` names.
+
+verl has no worker start-up hook, and the settings objects (`rpg.RPGPolicyLossConfig`) are plain values: building one
+changes nothing outside it. What a run needs from verl beyond the registered names is installed here, and only here:
+
+====================  ==========================================================  ==================================
+name in RPG_INSTALL   what is installed                                           selected by
+====================  ==========================================================  ==================================
+``ref_log_prob``      the ref_log_prob adapter around verl's ``ppo_loss``          ``policy_loss.reference`` frozen or
+                      (`rpg.reference.adapter`)                                   periodic, or a loss that reads
+                                                                                  ``ref_log_prob`` (``grpo_wk3``)
+``periodic_reference``  the periodic-reference hooks on verl's                    ``policy_loss.reference=periodic``
+                      ``ActorRolloutRefWorker`` (`rpg.reference.periodic`)
+``schedule_free``     the trainer ``schedule_free_sync`` in verl's trainer         ``trainer.v1.trainer_mode=
+                      registry (`rpg.schedule_free`)                              schedule_free_sync``
+====================  ==========================================================  ==================================
+
+Contract (other modules and branches rely on it):
+
+* `RPG_INSTALL` is a comma-separated list of the names above (order and repeats do not matter); unset or empty
+  installs nothing, so a verl run that selects no RPG feature runs verl's own code. An unknown name is an error that
+  lists the valid names.
+* `install_from_environ()` is called by `rpg.verl_plugin`, the ``verl.plugins`` entry point that ``import verl`` runs
+  in every process (driver, TaskRunner, workers). It installs exactly what `RPG_INSTALL` names: every guard
+  (`rpg.compat`: verl version, signatures) runs before the first patch, so on an unsupported verl nothing is patched.
+* `selected(config)` is what a composed ``ppo_trainer`` config selects. The launcher (`rpg.launch`) checks it before
+  Ray starts (`check`) and, for a real launch, `export`s it: into its own environment and into the config's Ray
+  runtime environment (``ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL``), which verl's `run_ppo` passes to
+  ``ray.init``. Every Ray process then starts with it, on every node, also in a ``RAY_ADDRESS`` job (Ray merges the
+  job's and the driver's runtime environments). The dry run's printed config is the one before `export`.
+* `install(names)` installs names directly (tests, in-process tools). `rpg.reference.require`, called by the RPG
+  losses, fails clearly when what their settings need is not installed in the process that runs them.
+
+A run started without the launcher (``python -m verl.trainer.main_ppo``) that selects one of these modes must name it
+itself: ``+ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL=ref_log_prob,periodic_reference`` (or
+``export RPG_INSTALL=...`` for a local Ray cluster, whose processes inherit the shell's environment); without it the
+RPG loss stops at its first call with a message naming this fix (docs/reference-modes.md#installation), and verl
+refuses ``schedule_free_sync`` as an unknown trainer mode.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Any, Iterable, Mapping
+
+ENV = "RPG_INSTALL"
+REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE = "ref_log_prob", "periodic_reference", "schedule_free"
+NAMES = (REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE)
+
+__all__ = ["ENV", "NAMES", "check", "export", "install", "install_from_environ", "installed", "names", "selected"]
+
+
+def _module(name: str) -> ModuleType:
+    """The module that implements `name`: it has `check()`, `install()` and `installed()`."""
+    if name == REF_LOG_PROB:
+        from rpg.reference import adapter
+
+        return adapter
+    if name == PERIODIC_REFERENCE:
+        from rpg.reference import periodic
+
+        return periodic
+    from rpg import schedule_free
+
+    return schedule_free
+
+
+def names(value: str) -> tuple[str, ...]:
+    """The names listed in an `RPG_INSTALL` value, in the order of `NAMES`; ValueError for an unknown one."""
+    given = {n.strip() for n in value.split(",") if n.strip()}
+    unknown = sorted(given - set(NAMES))
+    if unknown:
+        raise ValueError(f"{ENV}={value!r}: unknown {unknown}; valid names (comma-separated): {list(NAMES)}")
+    return tuple(n for n in NAMES if n in given)
+
+
+def check(selection: Iterable[str]) -> None:
+    """The guards of what `install(selection)` would patch (RuntimeError naming verl's version or signature)."""
+    for name in selection:
+        _module(name).check()
+
+
+def install(selection: Iterable[str]) -> None:
+    """Install `selection` (idempotent); every guard runs first, so nothing is patched if one fails."""
+    selection = names(",".join(selection))
+    check(selection)
+    for name in selection:
+        _module(name).install()
+
+
+def installed(name: str) -> bool:
+    """Whether `name` is installed in this process (imports nothing)."""
+    import sys
+
+    module = {REF_LOG_PROB: "rpg.reference.adapter", PERIODIC_REFERENCE: "rpg.reference.periodic",
+              SCHEDULE_FREE: "rpg.schedule_free"}[name]  # fmt: skip
+    return module in sys.modules and sys.modules[module].installed()
+
+
+def install_from_environ(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """Install exactly what `RPG_INSTALL` names (nothing when unset); return the names. Run by `rpg.verl_plugin`."""
+    selection = names(environ.get(ENV, ""))
+    install(selection)
+    return selection
+
+
+def selected(config: Any) -> tuple[str, ...]:
+    """The names a composed ``ppo_trainer`` config selects (`NAMES` order). Builds the RPG settings if the policy
+    loss has the RPG `_target_` (validating them); installs nothing."""
+    from omegaconf import OmegaConf
+
+    from rpg.loss_config import RPG_POLICY_LOSS_TARGETS
+
+    chosen = set()
+    policy_loss = OmegaConf.select(config, "actor_rollout_ref.actor.policy_loss")
+    if policy_loss is not None and policy_loss.get("_target_") in RPG_POLICY_LOSS_TARGETS:
+        from verl.utils.config import omega_conf_to_dataclass
+
+        settings = omega_conf_to_dataclass(OmegaConf.create(OmegaConf.to_container(policy_loss, resolve=True)))
+        chosen |= set(needed(settings))
+    use_v1 = bool(OmegaConf.select(config, "trainer.use_v1", default=True))
+    if use_v1 and OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync") == "schedule_free_sync":
+        chosen.add(SCHEDULE_FREE)
+    return tuple(n for n in NAMES if n in chosen)
+
+
+def needed(settings: Any) -> tuple[str, ...]:
+    """The names an `RPGPolicyLossConfig` needs: `ref_log_prob` when the loss reads ``ref_log_prob`` (a reference
+    other than iterative, or a loss such as ``grpo_wk3``), and `periodic_reference` for ``reference=periodic``."""
+    out = (REF_LOG_PROB,) if settings.needs_ref_log_prob else ()
+    return out + ((PERIODIC_REFERENCE,) if settings.reference == "periodic" else ())
+
+
+def export(config: Any, selection: Iterable[str], environ: dict = os.environ) -> str:
+    """Put ``RPG_INSTALL=<selection>`` in `environ` and in the config's Ray runtime environment
+    (``ray_kwargs.ray_init.runtime_env.env_vars``), so that every Ray process of the run installs it at ``import
+    verl``; return the value. Called by the launcher after the checks, before verl's `run_ppo`."""
+    from omegaconf import OmegaConf, open_dict
+
+    value = ",".join(names(",".join(selection)))
+    environ[ENV] = value
+    with open_dict(config):
+        OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{ENV}", value, force_add=True)
+    return value
