@@ -31,12 +31,13 @@ from typing import Any, Callable, Optional
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from rpg.loss_table import LOSSES, LossSpec, loss_spec
-from rpg.refresh_rules import check_refresh_settings
+from rpg.refresh_rules import check_ema_settings, check_kl_control_settings, check_refresh_settings
 
 BRANCH_ON = ("effective_advantage", "advantage")
 KL_RATIO = ("clipped", "raw")
 KL_PLACEMENT = ("additive", "inside_clip")
-REFERENCE_MODES = ("iterative", "frozen", "periodic")
+REFERENCE_MODES = ("iterative", "frozen", "periodic", "ema")
+KL_CONTROLS = ("fixed", "adaptive")
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -65,8 +66,9 @@ class RPGPolicyLossConfig(PolicyLossConfig):
         reference: KL reference policy. "iterative" (π_ref = π_old, no reference model; paper §5 and every RPG script),
             "frozen" (the initial model computed by verl's reference worker), "periodic" (a reference refreshed from the
             policy every `ref_refresh_steps` optimizer steps and/or when the EMA of the token KL to the reference
-            exceeds `ref_refresh_kl`). Non-iterative modes use the ρ-weighted surrogates of docs/losses.md#rho-weighting
-            (ρ = π_ref/π_old) and need `actor.use_kl_loss=True` with `kl_loss_coef=0` so that verl builds the reference
+            exceeds `ref_refresh_kl`), "ema" (π_ref ← τ·π_ref + (1 − τ)·π_θ every `ref_ema_period` optimizer steps,
+            τ = `ref_ema_decay`; EMA-PG, arXiv 2602.04417). Non-iterative modes use the ρ-weighted surrogates of
+            docs/losses.md#rho-weighting (ρ = π_ref/π_old) and need `actor.use_kl_loss=True` with `kl_loss_coef=0` so that verl builds the reference
             model and ships `ref_log_prob`.
         ref_refresh_steps: K of the periodic reference, in optimizer steps (0 = never on a step count). verl
             computes ref_log_prob once per training step, so a refresh happens at the end of the first training
@@ -74,6 +76,17 @@ class RPGPolicyLossConfig(PolicyLossConfig):
         ref_refresh_kl: κ of the periodic reference (0 = never on a KL threshold).
         ref_kl_ema: decay per training step of the moving average of the token KL compared with κ; the average
             restarts at each refresh.
+        ref_ema_decay: τ of the EMA (Polyak) reference (``reference='ema'``): π_ref ← τ·π_ref + (1 − τ)·π_θ, in
+            [0, 1) (τ = 0: the periodic reference with K = ref_ema_period; τ → 1: frozen). docs/reference-modes.md#ema.
+        ref_ema_period: P, optimizer steps between two EMA updates (the unit of the periodic reference's K): the
+            update happens at the end of the first training step with ≥ P optimizer steps since the last one.
+        kl_control: "fixed" (β = kl_coef throughout) or "adaptive" (the proportional controller of Ziegler et al. 2019,
+            as verl's AdaptiveKLController: β starts at kl_coef and is updated once per training step towards
+            `kl_target`; docs/losses.md#adaptive-beta).
+        kl_target: the target of the adaptive controller, in the units of the loss's own KL estimate
+            (``actor/rpg/kl``: the chosen divergence to the reference, per token); > 0 with kl_control='adaptive'.
+        kl_horizon: H, in training steps: each step multiplies β by 1 + clip(KL/target − 1, −0.2, 0.2)/H (verl's
+            horizon counts sequences: H = verl's horizon / sequences per step). A finite number > 0.2.
     """
 
     kl_coef: float = 1e-4
@@ -85,6 +98,11 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     ref_refresh_steps: int = 0
     ref_refresh_kl: float = 0.0
     ref_kl_ema: float = 0.9
+    ref_ema_decay: float = 0.99
+    ref_ema_period: int = 1
+    kl_control: str = "fixed"
+    kl_target: float = 0.0
+    kl_horizon: float = 10.0
 
     def __post_init__(self):
         if not (isinstance(self.kl_coef, (int, float)) and math.isfinite(self.kl_coef) and self.kl_coef >= 0):
@@ -104,6 +122,12 @@ class RPGPolicyLossConfig(PolicyLossConfig):
             names=("ref_refresh_steps (K)", "ref_refresh_kl (κ)", "ref_kl_ema"),
             need_a_criterion=self.reference == "periodic",
         )  # fmt: skip
+        check_ema_settings(self.ref_ema_decay, self.ref_ema_period, "RPGPolicyLossConfig")
+        _choice("kl_control", self.kl_control, KL_CONTROLS)
+        check_kl_control_settings(
+            self.kl_target, self.kl_horizon, "RPGPolicyLossConfig", adaptive=self.kl_control == "adaptive",
+            kl_coef=self.kl_coef,
+        )
         ineffective = ineffective_options(self)
         if ineffective:
             raise ValueError("; ".join(ineffective))
@@ -135,6 +159,8 @@ def on_build(hook: Callable[[RPGPolicyLossConfig], None]) -> Callable[[RPGPolicy
 
 
 PERIODIC_OPTIONS = ("ref_refresh_steps", "ref_refresh_kl", "ref_kl_ema")
+EMA_OPTIONS = ("ref_ema_decay", "ref_ema_period")
+KL_CONTROL_OPTIONS = ("kl_control", "kl_target", "kl_horizon")  # any RPG loss; the target and horizon: adaptive only
 
 
 def option_defaults() -> dict[str, Any]:
@@ -155,6 +181,10 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
     applies = set(spec.options) if spec is not None else set()
     if settings.reference == "periodic":
         applies |= {"reference", *PERIODIC_OPTIONS}
+    if settings.reference == "ema":
+        applies |= {"reference", *EMA_OPTIONS}
+    if spec is not None:
+        applies |= {"kl_control"} | ({"kl_target", "kl_horizon"} if settings.kl_control == "adaptive" else set())
     where = f"loss_mode={settings.loss_mode!r}" if spec is not None else f"verl's loss_mode={settings.loss_mode!r}"
     messages = []
     for name, default in option_defaults().items():
@@ -163,6 +193,12 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
             continue
         if name in PERIODIC_OPTIONS:
             why = f"it acts only with reference='periodic' (reference={settings.reference!r})"
+        elif name in EMA_OPTIONS:
+            why = f"it acts only with reference='ema' (reference={settings.reference!r})"
+        elif name in KL_CONTROL_OPTIONS and spec is not None:
+            why = f"it acts only with kl_control='adaptive' (kl_control={settings.kl_control!r})"
+        elif name in KL_CONTROL_OPTIONS:
+            why = "the adaptive β drives the RPG losses' kl_coef; verl's own losses have none (verl's kl_loss_coef)"
         elif spec is None:
             why = "verl's own losses read no RPG option (reference='periodic' refreshes verl's reference model)"
         else:
