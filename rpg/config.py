@@ -68,8 +68,8 @@ class RPGPolicyLossConfig(PolicyLossConfig):
             policy every `ref_refresh_steps` optimizer steps and/or when the EMA of the token KL to the reference
             exceeds `ref_refresh_kl`), "ema" (π_ref ← τ·π_ref + (1 − τ)·π_θ every `ref_ema_period` optimizer steps,
             τ = `ref_ema_decay`; EMA-PG, arXiv 2602.04417). Non-iterative modes use the ρ-weighted surrogates of
-            docs/losses.md#rho-weighting (ρ = π_ref/π_old) and need `actor.use_kl_loss=True` with `kl_loss_coef=0` so that verl builds the reference
-            model and ships `ref_log_prob`.
+            docs/losses.md#rho-weighting (ρ = π_ref/π_old) and need `actor.use_kl_loss=True` with `kl_loss_coef=0`
+            so that verl builds the reference model and ships `ref_log_prob`.
         ref_refresh_steps: K of the periodic reference, in optimizer steps (0 = never on a step count). verl
             computes ref_log_prob once per training step, so a refresh happens at the end of the first training
             step with ≥ K optimizer steps since the last one (rpg.reference).

@@ -149,7 +149,8 @@ def _rule_periodic_state_reachable(config: DictConfig, settings) -> Optional[str
     if settings.reference not in WRITTEN_REFERENCES or nnodes <= 1 or shared == "1":
         return None
     return (
-        f"policy_loss.reference={settings.reference} with trainer.nnodes={nnodes} (recipe knob NNODES): the reference's "
+        f"policy_loss.reference={settings.reference} with trainer.nnodes={nnodes} (recipe knob NNODES): the "
+        f"reference's "
         f"state (rpg_reference/ next to each checkpoint under trainer.default_local_dir, recipe knob CKPTS_DIR) is "
         f"written by rank 0 and read by every rank on resume. verl's own FSDP shards resume from each node's local "
         f"disk, but the ranks of the other nodes would not find this state there. Fix: put CKPTS_DIR on a filesystem "
@@ -198,8 +199,9 @@ def _rule_written_reference_engine(config: DictConfig, settings) -> Optional[str
                         f"is the adapter-free actor; set lora_rank=0 or reference=frozen)")  # fmt: skip
     dtype = str(((arr.ref.get("fsdp_config", None) or {}).get("model_dtype", None)) or "fp32")
     if settings.reference == "ema" and dtype not in ("fp32", "float32"):
-        problems.append(f"actor_rollout_ref.ref.fsdp_config.model_dtype={dtype} (the EMA blend is done in place on the "
-                        f"reference's shards and needs fp32 storage: a bf16 blend at τ≈0.99 never moves; set fp32)")  # fmt: skip
+        problems.append(f"actor_rollout_ref.ref.fsdp_config.model_dtype={dtype} (the EMA blend is done in place on "
+                        f"the reference's shards and needs fp32 storage: a bf16 blend at τ≈0.99 never moves; set "
+                        f"fp32)")  # fmt: skip
     if not problems:
         return None
     return f"policy_loss.reference={settings.reference} cannot run with " + "; ".join(problems)

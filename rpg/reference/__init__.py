@@ -10,7 +10,8 @@ Modes (``actor_rollout_ref.actor.policy_loss.reference``, see `rpg.config.RPGPol
   the Fig. 9 "no iterative reference" ablation. The losses use the ρ-weighted surrogates (ρ = π_ref/π_old).
 * ``ema``: π_ref ← τ·π_ref + (1 − τ)·π_θ every ``ref_ema_period`` optimizer steps (EMA-PG, arXiv 2602.04417), an
   fp32 blend of each rank's own reference shards (`rpg.reference.weights`), through the periodic machinery.
-* ``kl_control='adaptive'`` (any mode): β follows Ziegler et al.'s proportional controller (`rpg.reference.adaptive_kl`).
+* ``kl_control='adaptive'`` (any mode): β follows Ziegler et al.'s proportional controller
+  (`rpg.reference.adaptive_kl`).
 * ``periodic``: the paper's scheme "set the reference to the current policy every K optimizer steps, or when a moving
   average of the token-level KL exceeds κ" (paper §5, "Iterative reference updates"; the authors' code does not
   implement it). Same verl setup as ``frozen``; in addition the reference weights are overwritten with the actor's.

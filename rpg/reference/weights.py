@@ -83,9 +83,9 @@ def blend_policy_weights(src: torch.nn.Module, dst: torch.nn.Module, decay: floa
     actor, ref = dict(src.named_parameters()), dict(dst.named_parameters())
     if actor.keys() != ref.keys():
         raise RuntimeError(
-            f"EMA reference: actor and reference parameters differ (only in actor: {sorted(actor.keys() - ref.keys())[:5]}"
-            f", only in reference: {sorted(ref.keys() - actor.keys())[:5]}); both must be built from "
-            "actor_rollout_ref.model"
+            f"EMA reference: actor and reference parameters differ (only in actor: "
+            f"{sorted(actor.keys() - ref.keys())[:5]}, only in reference: {sorted(ref.keys() - actor.keys())[:5]}); "
+            "both must be built from actor_rollout_ref.model"
         )
     weight = 1.0 - float(decay)
     with torch.no_grad():

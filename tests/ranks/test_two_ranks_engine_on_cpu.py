@@ -25,7 +25,7 @@ Schedule-free (rpg/schedule_free.py): the first micro-batch of every step has ra
 switch to the average x changes every rank's shards to schedulefree's x and back to y bit-exactly; the checkpoint
 holds y, its HF export is x; a resumed worker continues bit-identically.
 
-Cost: ~2 min on 2 cores (the pool is shared with tests/ranks/test_aggregation_engine_on_cpu.py).
+Cost: ~1 min on 2 cores (the pool is shared with tests/ranks/test_aggregation_engine_on_cpu.py).
 """
 
 from __future__ import annotations
@@ -75,11 +75,6 @@ def test_checkpoint_and_resume_on_every_rank(periodic_by_k):
         assert [s["step"] for s in out["resumed_steps"] if s["ref_refreshed"]] == [4, 6], f"rank {rank}"
         assert out["resumed_final_schedule"] == out["final_schedule"], f"rank {rank}"
         assert out["resumed_ref_max_diff"] < 1e-6, f"rank {rank}: {out['resumed_ref_max_diff']}"
-        uninterrupted, resumed = out["steps"][2:], out["resumed_steps"]
-        assert resumed[0]["kl_coef"] == uninterrupted[0]["kl_coef"] != 0.05, f"rank {rank}"  # β restored exactly
-        for a, b in zip(uninterrupted, resumed):  # the same β step for step
-            assert b["kl_coef"] == pytest.approx(a["kl_coef"], rel=1e-9), (rank, a["step"])
-            assert b["ref_kl"] == pytest.approx(a["ref_kl"], rel=1e-6), (rank, a["step"])
 
 
 def test_refresh_by_kl_threshold_is_a_joint_decision(periodic_by_k, two_ranks, tiny_qwen2_dir, tmp_path):

@@ -83,4 +83,5 @@ def test_ema_on_several_nodes_needs_a_shared_checkpoint_dir(base, monkeypatch):
 def test_fsdp1_is_refused_for_ema(base):
     with pytest.raises(RecipeConfigError, match=r"policy_loss.reference=ema with actor_rollout_ref.actor.strategy="
                                                 r"fsdp and actor_rollout_ref.ref.strategy=fsdp \(FSDP1\)"):  # fmt: skip
-        validate_recipe(cfg_with(base, **EMA, **{ACTOR + "strategy": "fsdp", "actor_rollout_ref__ref__strategy": "fsdp"}))
+        validate_recipe(cfg_with(base, **EMA, **{ACTOR + "strategy": "fsdp",
+                                                 "actor_rollout_ref__ref__strategy": "fsdp"}))  # fmt: skip

@@ -95,7 +95,8 @@ def test_the_losses_read_the_active_beta_and_feed_the_observer():
 
         g = torch.Generator().manual_seed(0)
         old = -torch.rand(3, 5, generator=g) - 0.1
-        log_prob, adv, mask = old + 0.2 * torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g), torch.ones(3, 5)
+        log_prob, adv = old + 0.2 * torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+        mask = torch.ones(3, 5)
         cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2, clip_ratio_c=3.0,
                           policy_loss=adaptive)  # fmt: skip
         loss_fn = POLICY_LOSS_REGISTRY["rpg_reinforce_urkl"]
