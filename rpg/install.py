@@ -9,8 +9,8 @@ name in RPG_INSTALL   what is installed                                         
 ``ref_log_prob``      the ref_log_prob adapter around verl's ``ppo_loss``          ``policy_loss.reference`` frozen or
                       (`rpg.reference.adapter`)                                   periodic, or a loss that reads
                                                                                   ``ref_log_prob`` (``grpo_wk3``)
-``periodic_reference``  the periodic-reference hooks on verl's                    ``policy_loss.reference=periodic``
-                      ``ActorRolloutRefWorker`` (`rpg.reference.periodic`)
+``periodic_reference``  the periodic/EMA-reference and adaptive-β hooks on         ``policy_loss.reference=periodic``
+                      verl's ``ActorRolloutRefWorker`` (`rpg.reference.periodic`)  or ``ema``, or ``kl_control=adaptive``
 ``schedule_free``     the trainer ``schedule_free_sync`` in verl's trainer         ``trainer.v1.trainer_mode=
                       registry (`rpg.schedule_free`)                              schedule_free_sync``
 ====================  ==========================================================  ==================================
@@ -110,7 +110,7 @@ def selected(config: Any) -> tuple[str, ...]:
     loss has the RPG `_target_` (validating them); installs nothing."""
     from omegaconf import OmegaConf
 
-    from rpg.loss_config import RPG_POLICY_LOSS_TARGETS
+    from rpg.loss_table import RPG_POLICY_LOSS_TARGETS
 
     chosen = set()
     policy_loss = OmegaConf.select(config, "actor_rollout_ref.actor.policy_loss")
@@ -127,9 +127,11 @@ def selected(config: Any) -> tuple[str, ...]:
 
 def needed(settings: Any) -> tuple[str, ...]:
     """The names an `RPGPolicyLossConfig` needs: `ref_log_prob` when the loss reads ``ref_log_prob`` (a reference
-    other than iterative, or a loss such as ``grpo_wk3``), and `periodic_reference` for ``reference=periodic``."""
+    other than iterative, or a loss such as ``grpo_wk3``), and `periodic_reference` (the worker hooks) for
+    ``reference=periodic|ema`` and for ``kl_control=adaptive``."""
     out = (REF_LOG_PROB,) if settings.needs_ref_log_prob else ()
-    return out + ((PERIODIC_REFERENCE,) if settings.reference == "periodic" else ())
+    hooks = settings.reference in ("periodic", "ema") or settings.kl_control == "adaptive"
+    return out + ((PERIODIC_REFERENCE,) if hooks else ())
 
 
 def export(config: Any, selection: Iterable[str], environ: dict = os.environ) -> str:

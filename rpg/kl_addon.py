@@ -29,6 +29,7 @@ from rpg.divergences import Divergence, guarded_log_ratio
 from rpg.kl_credit import SequenceCredit, sequence_credit
 from rpg.loss_table import LossSpec
 from rpg.losses import _ref_log_prob, reference_ratio
+from rpg.reference.adaptive_kl import KL_OBSERVER, current_kl_coef
 
 Tensor = torch.Tensor
 
@@ -97,6 +98,7 @@ def _metrics(term: KLTerm, div: Divergence, kl_loss: Tensor) -> dict[str, float]
             (credit.abs() * valid).sum() if credit is not None else valid.new_zeros(()),
         ]).double().tolist()  # fmt: skip
     n = stats[0]
+    KL_OBSERVER.add(stats[1], n)  # the adaptive β's KL estimate (a no-op unless its training step is on)
     if n == 0:
         return {}
     out = {
@@ -135,7 +137,8 @@ def make_addon_loss(spec: LossSpec):
             old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
         )
         ref = _ref_log_prob(settings, spec.name)
-        term = kl_term(log_prob, old_log_prob, response_mask, div, settings.kl_coef, ref, settings.kl_credit)
+        beta = current_kl_coef(settings)  # kl_coef, or the adaptive β of this training step
+        term = kl_term(log_prob, old_log_prob, response_mask, div, beta, ref, settings.kl_credit)
         loss_mat = term.loss
         if rollout_is_weights is not None:
             loss_mat = loss_mat * torch.where(term.mask, rollout_is_weights, 0.0)

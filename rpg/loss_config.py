@@ -30,15 +30,14 @@ from typing import Any, Optional
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from rpg.kl_credit import KL_CREDIT
-from rpg.loss_table import LOSSES, LossSpec, base_loss_error, loss_spec
-from rpg.refresh_rules import check_refresh_settings
+from rpg.loss_table import LOSSES, RPG_POLICY_LOSS_TARGETS, LossSpec, base_loss_error, loss_spec  # noqa: F401
+from rpg.refresh_rules import check_ema_settings, check_kl_control_settings, check_refresh_settings
 
 BRANCH_ON = ("effective_advantage", "advantage")
 KL_RATIO = ("clipped", "raw")
 KL_PLACEMENT = ("additive", "inside_clip")
-REFERENCE_MODES = ("iterative", "frozen", "periodic")
-#: The Hydra `_target_`s of this config (`policy_loss._target_`): the public name first.
-RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.loss_config.RPGPolicyLossConfig")
+REFERENCE_MODES = ("iterative", "frozen", "periodic", "ema")
+KL_CONTROLS = ("fixed", "adaptive")
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -67,9 +66,10 @@ class RPGPolicyLossConfig(PolicyLossConfig):
         reference: KL reference policy. "iterative" (π_ref = π_old, no reference model; paper §5 and every RPG script),
             "frozen" (the initial model computed by verl's reference worker), "periodic" (a reference refreshed from the
             policy every `ref_refresh_steps` optimizer steps and/or when the EMA of the token KL to the reference
-            exceeds `ref_refresh_kl`). Non-iterative modes use the ρ-weighted surrogates of docs/losses.md#rho-weighting
-            (ρ = π_ref/π_old) and need `actor.use_kl_loss=True` with `kl_loss_coef=0` so that verl builds the reference
-            model and ships `ref_log_prob`.
+            exceeds `ref_refresh_kl`), "ema" (π_ref ← τ·π_ref + (1 − τ)·π_θ every `ref_ema_period` optimizer steps,
+            τ = `ref_ema_decay`; EMA-PG, arXiv 2602.04417). Non-iterative modes use the ρ-weighted surrogates of
+            docs/losses.md#rho-weighting (ρ = π_ref/π_old) and need `actor.use_kl_loss=True` with `kl_loss_coef=0`
+            so that verl builds the reference model and ships `ref_log_prob`.
         ref_refresh_steps: K of the periodic reference, in optimizer steps (0 = never on a step count). verl
             computes ref_log_prob once per training step, so a refresh happens at the end of the first training
             step with ≥ K optimizer steps since the last one (rpg.reference).
@@ -81,6 +81,17 @@ class RPGPolicyLossConfig(PolicyLossConfig):
         kl_credit: "token" (the per-token KL at the sampled histories, every published RPG number) or "sequence" (the
             gradient of the KL between whole responses, docs/losses.md#kl-credit), for the add-on and the REINFORCE
             families.
+        ref_ema_decay: τ of the EMA (Polyak) reference (``reference='ema'``): π_ref ← τ·π_ref + (1 − τ)·π_θ, in
+            [0, 1) (τ = 0: the periodic reference with K = ref_ema_period; τ → 1: frozen). docs/reference-modes.md#ema.
+        ref_ema_period: P, optimizer steps between two EMA updates (the unit of the periodic reference's K): the
+            update happens at the end of the first training step with ≥ P optimizer steps since the last one.
+        kl_control: "fixed" (β = kl_coef throughout) or "adaptive" (the proportional controller of Ziegler et al. 2019,
+            as verl's AdaptiveKLController: β starts at kl_coef and is updated once per training step towards
+            `kl_target`; docs/losses.md#adaptive-beta).
+        kl_target: the target of the adaptive controller, in the units of the loss's own KL estimate
+            (``actor/rpg/kl``: the chosen divergence to the reference, per token); > 0 with kl_control='adaptive'.
+        kl_horizon: H, in training steps: each step multiplies β by 1 + clip(KL/target − 1, −0.2, 0.2)/H (verl's
+            horizon counts sequences: H = verl's horizon / sequences per step). A finite number > 0.2.
     """
 
     kl_coef: float = 1e-4
@@ -94,6 +105,11 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     ref_kl_ema: float = 0.9
     base_loss_mode: str = "vanilla"
     kl_credit: str = "token"
+    ref_ema_decay: float = 0.99
+    ref_ema_period: int = 1
+    kl_control: str = "fixed"
+    kl_target: float = 0.0
+    kl_horizon: float = 10.0
 
     def __post_init__(self):
         if not (isinstance(self.kl_coef, (int, float)) and math.isfinite(self.kl_coef) and self.kl_coef >= 0):
@@ -116,6 +132,12 @@ class RPGPolicyLossConfig(PolicyLossConfig):
             names=("ref_refresh_steps (K)", "ref_refresh_kl (κ)", "ref_kl_ema"),
             need_a_criterion=self.reference == "periodic",
         )  # fmt: skip
+        check_ema_settings(self.ref_ema_decay, self.ref_ema_period, "RPGPolicyLossConfig")
+        _choice("kl_control", self.kl_control, KL_CONTROLS)
+        check_kl_control_settings(
+            self.kl_target, self.kl_horizon, "RPGPolicyLossConfig", adaptive=self.kl_control == "adaptive",
+            kl_coef=self.kl_coef,
+        )
         ineffective = ineffective_options(self)
         if ineffective:
             raise ValueError("; ".join(ineffective))
@@ -134,6 +156,8 @@ class RPGPolicyLossConfig(PolicyLossConfig):
 
 
 PERIODIC_OPTIONS = ("ref_refresh_steps", "ref_refresh_kl", "ref_kl_ema")
+EMA_OPTIONS = ("ref_ema_decay", "ref_ema_period")
+KL_CONTROL_OPTIONS = ("kl_control", "kl_target", "kl_horizon")  # any RPG loss; the target and horizon: adaptive only
 
 
 def option_defaults() -> dict[str, Any]:
@@ -154,6 +178,10 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
     applies = set(spec.options) if spec is not None else set()
     if settings.reference == "periodic":
         applies |= {"reference", *PERIODIC_OPTIONS}
+    if settings.reference == "ema":
+        applies |= {"reference", *EMA_OPTIONS}
+    if spec is not None:
+        applies |= {"kl_control"} | ({"kl_target", "kl_horizon"} if settings.kl_control == "adaptive" else set())
     where = f"loss_mode={settings.loss_mode!r}" if spec is not None else f"verl's loss_mode={settings.loss_mode!r}"
     messages = []
     if spec is not None and settings.kl_credit == "sequence" and not spec.divergence.reverse and (
@@ -171,6 +199,12 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
             continue
         if name in PERIODIC_OPTIONS:
             why = f"it acts only with reference='periodic' (reference={settings.reference!r})"
+        elif name in EMA_OPTIONS:
+            why = f"it acts only with reference='ema' (reference={settings.reference!r})"
+        elif name in KL_CONTROL_OPTIONS and spec is not None:
+            why = f"it acts only with kl_control='adaptive' (kl_control={settings.kl_control!r})"
+        elif name in KL_CONTROL_OPTIONS:
+            why = "the adaptive β drives the RPG losses' kl_coef; verl's own losses have none (verl's kl_loss_coef)"
         elif spec is None:
             why = "verl's own losses read no RPG option (reference='periodic' refreshes verl's reference model)"
         else:

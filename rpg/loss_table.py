@@ -12,9 +12,13 @@ from typing import Optional
 
 from rpg.divergences import DIVERGENCES, Divergence
 
+#: The Hydra `_target_`s of `rpg.RPGPolicyLossConfig` (`policy_loss._target_`), the public name first. Here, not in
+#: `rpg.loss_config`, so that the launcher's rules read it without importing verl.
+RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.loss_config.RPGPolicyLossConfig")
+
 __all__ = [
     "ADDON", "ADDON_BASES", "DUAL_CLIP", "FAMILIES", "FD", "HARDCLIP", "LOSSES", "RATIO_CLIP", "REFUSED_BASES",
-    "REINFORCE", "VERL_CLIP_FIELDS", "Family", "LossSpec", "base_loss_error", "clip_fields", "describe_losses",
+    "REINFORCE", "RPG_POLICY_LOSS_TARGETS", "VERL_CLIP_FIELDS", "Family", "LossSpec", "base_loss_error", "clip_fields", "describe_losses",
     "is_rpg_loss", "loss_spec",
 ]  # fmt: skip
 

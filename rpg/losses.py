@@ -53,6 +53,7 @@ import torch
 
 from rpg import reference
 from rpg.loss_config import RPGPolicyLossConfig, clip_settings, rpg_settings
+from rpg.reference.adaptive_kl import KL_OBSERVER
 from rpg.divergences import LOG_RATIO_GUARD, Divergence, guarded_log_ratio, scaled_ratio
 from rpg.kl_credit import credited_kl_weight, sequence_credit
 from rpg.loss_table import (  # noqa: F401  (re-exported: rpg.launch and the tests import them from here)
@@ -332,6 +333,7 @@ def _metrics(out: TokenLoss, div: Divergence, beta: float) -> dict[str, float]:
     """
     s = dict(zip(STATISTICS, metric_statistics(out, div, beta).tolist()))
     n = s["n"]
+    KL_OBSERVER.add(s["sum_kl"], n)  # the adaptive β's KL estimate (a no-op unless its training step is on)
     if n == 0:
         return {}
     left = [0.0, s["n_pos_grad"], s["n_pos"], s["n_pos_or_low"], s["n_not_flat_c"], n]
@@ -396,14 +398,15 @@ def make_policy_loss(spec: LossSpec):
         settings = rpg_settings(config)
         clip = ClipParams(*clip_settings(config, spec.clip_fields, spec.name))
         ref = _ref_log_prob(settings, spec.name)
+        beta = reference.current_kl_coef(settings)  # kl_coef, or the adaptive β of this training step
         if spec.family == FD:
             out = rpg_fully_differentiable(
-                log_prob, old_log_prob, advantages, response_mask, div, settings.kl_coef, clip,
+                log_prob, old_log_prob, advantages, response_mask, div, beta, clip,
                 kl_clamp=settings.kl_clamp, kl_placement=settings.kl_placement, ref_log_prob=ref,
             )  # fmt: skip
         else:
             out = rpg_reinforce(
-                log_prob, old_log_prob, advantages, response_mask, div, settings.kl_coef, clip,
+                log_prob, old_log_prob, advantages, response_mask, div, beta, clip,
                 branch_on=settings.branch_on, kl_ratio=settings.kl_ratio, hard_clip=spec.family == HARDCLIP,
                 ref_log_prob=ref, kl_credit=settings.kl_credit,
             )  # fmt: skip
@@ -412,7 +415,7 @@ def make_policy_loss(spec: LossSpec):
             loss_mat = loss_mat * torch.where(out.mask, rollout_is_weights, 0.0)
         batch_info = config.get("global_batch_info", None) or {}
         loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
-        return loss, _metrics(out, div, settings.kl_coef)
+        return loss, _metrics(out, div, beta)
 
     policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{spec.name}"
     policy_loss.__doc__ = f"verl policy loss `{spec.name}` ({spec.paper_row}): {spec.description}"

@@ -3,7 +3,8 @@
 For each loss the autograd gradient of the per-token loss is compared with
   * per token:     ∇L_y = −Weight(y)·∇log π_θ(y)      (Weight from the propositions, tests/rpg_oracles.py)
   * in expectation: Σ_y π_old(y)·∇L_y = −∇J(θ)         (J written in closed form and differentiated exactly)
-on a 6-way softmax policy, in float64, for the iterative reference (ρ ≡ 1) and a frozen reference (ρ ≠ 1).
+on a 6-way softmax policy, in float64, for the iterative reference (ρ ≡ 1), a frozen reference (ρ ≠ 1) and an EMA
+reference (the parameters of a frozen one blended with the sampling policy's: ρ ≠ 1; nothing new in the losses).
 Mutation tests at the end show the checks fail when a divergence entry or ρ is perturbed.
 """
 
@@ -44,9 +45,20 @@ def token_loss(family, div, theta, log_old, adv, beta=BETA, clip=WIDE, log_ref=N
     return out.loss.squeeze(0), th, out
 
 
+EMA_TAU = 0.9
+
+
+def reference_log_probs(mode, log_old, log_ref):
+    """π_ref of a mode: None (iterative), the problem's reference (frozen), or the EMA reference of
+    docs/reference-modes.md#ema: logits τ·φ_ref + (1 − τ)·φ_old (a softmax policy's parameters are its logits)."""
+    if mode == "iterative":
+        return None
+    return torch.log_softmax(EMA_TAU * log_ref + (1 - EMA_TAU) * log_old, -1) if mode == "ema" else log_ref
+
+
 def expectation_error(family, div, seed, log_ref_mode="iterative", clip=WIDE, **kw):
     theta, log_old, log_ref, adv = make_problem(seed, spread=0.8, ref_spread=0.7)
-    ref = None if log_ref_mode == "iterative" else log_ref
+    ref = log_ref = reference_log_probs(log_ref_mode, log_old, log_ref)
     loss, th, _ = token_loss(family, div, theta, log_old, adv, clip=clip, log_ref=ref, **kw)
     (g,) = torch.autograd.grad((log_old.exp() * loss).sum(), th)
     target = -true_gradient(div if isinstance(div, str) else div.name, theta, log_old,
@@ -56,7 +68,7 @@ def expectation_error(family, div, seed, log_ref_mode="iterative", clip=WIDE, **
 
 def per_token_error(family, div, seed, log_ref_mode="iterative", clip=WIDE, **kw):
     theta, log_old, log_ref, adv = make_problem(seed, spread=0.8, ref_spread=0.7)
-    ref = None if log_ref_mode == "iterative" else log_ref
+    ref = log_ref = reference_log_probs(log_ref_mode, log_old, log_ref)
     loss, th, _ = token_loss(family, div, theta, log_old, adv, clip=clip, log_ref=ref, **kw)
     grads = per_token_grads(loss, th)
     log_w = torch.log_softmax(theta, -1) - log_old
@@ -67,7 +79,7 @@ def per_token_error(family, div, seed, log_ref_mode="iterative", clip=WIDE, **kw
 
 
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", ["iterative", "frozen"])
+@pytest.mark.parametrize("mode", ["iterative", "frozen", "ema"])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("div", DIVS)
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -78,7 +90,7 @@ def test_expected_gradient_equals_closed_form(div, family, mode, seed):
     assert err < 1e-10, (div, family, mode, err)
 
 
-@pytest.mark.parametrize("mode", ["iterative", "frozen"])
+@pytest.mark.parametrize("mode", ["iterative", "frozen", "ema"])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("div", DIVS)
 def test_per_token_gradient_equals_weight(div, family, mode):

@@ -342,3 +342,39 @@ def test_extreme_ratios_and_long_responses_stay_finite():
         loss, grad, metrics = call(name, cfg, old, log_prob, adv, mask, None, ref)
         assert torch.isfinite(loss) and torch.isfinite(grad).all(), name
         assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values()), name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The moving reference and β of docs/reference-modes.md#ema and docs/losses.md#adaptive-beta
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("base", ["vanilla", "gspo"])
+def test_addon_with_an_ema_reference_and_an_adaptive_beta(base, monkeypatch):
+    """ρ from an EMA reference reaches the add-on as from a frozen one (same ref_log_prob, same numbers), and with
+    kl_control='adaptive' the add-on uses the controller's β of this training step (not kl_coef) and feeds the
+    controller's KL estimate."""
+    from rpg.reference.adaptive_kl import KL_OBSERVER, AdaptiveKLCoef, activate
+
+    # the EMA blend itself runs in verl's worker (the hooks RPG_INSTALL=periodic_reference installs; tests/ranks):
+    # here the loss only reads the shipped ref_log_prob, as for `frozen`
+    monkeypatch.setattr(rpg.reference, "require", lambda settings: None)
+    old, log_prob, adv, mask, ref, weights = random_batch(7)
+    frozen = call("rpg_kl_urkl", cfg_for("rpg_kl_urkl", base, reference="frozen"), old, log_prob, adv, mask, ref=ref)
+    ema = call("rpg_kl_urkl", cfg_for("rpg_kl_urkl", base, reference="ema"), old, log_prob, adv, mask, ref=ref)
+    assert torch.equal(ema[0], frozen[0]) and torch.equal(ema[1], frozen[1])
+
+    beta_now = 0.55  # the controller's value, ≠ kl_coef (BETA)
+    fixed = call("rpg_kl_urkl", cfg_for("rpg_kl_urkl", base, beta=beta_now, reference="ema"), old, log_prob, adv,
+                 mask, ref=ref)  # fmt: skip
+    adaptive_cfg = cfg_for("rpg_kl_urkl", base, reference="ema", kl_control="adaptive", kl_target=0.01)
+    controller = AdaptiveKLCoef(BETA, target=0.01, horizon=10.0)
+    controller.value = beta_now
+    activate(controller)
+    KL_OBSERVER.start()
+    try:
+        got = call("rpg_kl_urkl", adaptive_cfg, old, log_prob, adv, mask, ref=ref)
+    finally:
+        kl_sum, tokens = KL_OBSERVER.stop()
+        activate(None)
+    assert torch.equal(got[0], fixed[0]) and torch.equal(got[1], fixed[1])
+    assert not torch.equal(got[0], ema[0])  # β changed the loss: the check can fail
+    assert tokens == mask.sum().item() and kl_sum / tokens == pytest.approx(got[2]["actor/rpg/kl"])

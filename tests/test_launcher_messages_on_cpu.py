@@ -26,7 +26,7 @@ def test_the_static_names_are_verls_and_rpgs():
 
     import rpg.verl_plugin as plugin
     from rpg.advantages import ADVANTAGE_ESTIMATORS
-    from rpg.config import RPGPolicyLossConfig
+    from rpg.loss_config import RPGPolicyLossConfig
     from rpg.loss_table import LOSSES
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from verl.workers.config import PolicyLossConfig

@@ -243,7 +243,7 @@ def test_metrics_are_a_researchers_dashboard():
         ({"branch_on": "A'"}, "effective_advantage"),
         ({"kl_ratio": "w"}, "clipped"),
         ({"kl_placement": "inside"}, "inside_clip"),
-        ({"reference": "ema"}, "periodic"),
+        ({"reference": "polyak"}, "ema"),
         ({"reference": "periodic"}, "ref_refresh_steps"),
         ({"ref_refresh_steps": -2}, "ref_refresh_steps"),
         ({"ref_kl_ema": 1.0}, "ref_kl_ema"),

@@ -227,7 +227,7 @@ def test_the_loss_names_a_missing_adapter_and_the_fix():
     assert proc.returncode == 0, proc.stderr[-3000:]
     message = proc.stdout.strip().splitlines()[-1]
     assert "ref_log_prob adapter around verl's ppo_loss" in message and "not installed in this process" in message
-    assert "periodic-reference hooks" in message and "python -m rpg.launch" in message
+    assert "periodic/EMA-reference and adaptive-β hooks" in message and "python -m rpg.launch" in message
     assert "+ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL=ref_log_prob,periodic_reference" in message
 
 

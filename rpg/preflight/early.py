@@ -33,11 +33,12 @@ VERL_POLICY_LOSS_FIELDS = (
     "_target_", "loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
     "rollout_correction",
 )  # fmt: skip
-# RPG's: `rpg.advantages.ADVANTAGE_ESTIMATORS` and the fields `rpg.config.RPGPolicyLossConfig` adds to verl's.
+# RPG's: `rpg.advantages.ADVANTAGE_ESTIMATORS` and the fields `rpg.loss_config.RPGPolicyLossConfig` adds to verl's.
 RPG_ADV_ESTIMATORS = ("rpg", "rpg_batchmean")
 RPG_OPTIONS = (
     "kl_coef", "kl_clamp", "branch_on", "kl_ratio", "kl_placement", "reference", "ref_refresh_steps", "ref_refresh_kl",
-    "ref_kl_ema",
+    "ref_kl_ema", "base_loss_mode", "kl_credit", "ref_ema_decay", "ref_ema_period", "kl_control", "kl_target",
+    "kl_horizon",
 )  # fmt: skip
 
 LIST_HINT = "python -m rpg.launch --list"

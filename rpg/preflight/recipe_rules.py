@@ -116,8 +116,8 @@ def _rule_fsdp2_for_tested_features(config: DictConfig) -> Optional[str]:
     parameter swaps) are tested on FSDP2 only: refuse them with verl's FSDP1 (`strategy=fsdp`)."""
     arr = config.actor_rollout_ref
     features = []
-    if arr.actor.policy_loss.get("reference", None) == "periodic":
-        features.append("policy_loss.reference=periodic")
+    if arr.actor.policy_loss.get("reference", None) in ("periodic", "ema"):
+        features.append(f"policy_loss.reference={arr.actor.policy_loss.reference}")
     optim = arr.actor.get("optim", None) or {}
     trainer_mode = (config.trainer.get("v1", None) or {}).get("trainer_mode", None)
     if "schedulefree" in str(optim.get("optimizer_impl", "")).lower() or trainer_mode == "schedule_free_sync":

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig
 
-from rpg.loss_config import RPG_POLICY_LOSS_TARGETS
+from rpg.loss_table import RPG_POLICY_LOSS_TARGETS
 from rpg.preflight.compose import RecipeConfigError, _detached
 
 
@@ -145,10 +145,11 @@ def _rule_periodic_state_reachable(config: DictConfig, settings) -> Optional[str
     if shared not in ("0", "1", ""):
         return f"{SHARED_CKPT_ENV}={shared!r} is not valid; choose one of: 0 1"
     nnodes = int(config.trainer.nnodes)
-    if settings.reference != "periodic" or nnodes <= 1 or shared == "1":
+    if settings.reference not in WRITTEN_REFERENCES or nnodes <= 1 or shared == "1":
         return None
     return (
-        f"policy_loss.reference=periodic with trainer.nnodes={nnodes} (recipe knob NNODES): the periodic reference's "
+        f"policy_loss.reference={settings.reference} with trainer.nnodes={nnodes} (recipe knob NNODES): the "
+        f"reference's "
         f"state (rpg_reference/ next to each checkpoint under trainer.default_local_dir, recipe knob CKPTS_DIR) is "
         f"written by rank 0 and read by every rank on resume. verl's own FSDP shards resume from each node's local "
         f"disk, but the ranks of the other nodes would not find this state there. Fix: put CKPTS_DIR on a filesystem "
@@ -157,15 +158,65 @@ def _rule_periodic_state_reachable(config: DictConfig, settings) -> Optional[str
     )
 
 
+WRITTEN_REFERENCES = ("periodic", "ema")  # the reference modes that write the reference engine's weights
+
+
+def _hooked_features(settings) -> list[str]:
+    """The settings that run through the worker hooks of `rpg.reference.periodic`."""
+    features = [f"policy_loss.reference={settings.reference}"] if settings.reference in WRITTEN_REFERENCES else []
+    return features + (["policy_loss.kl_control=adaptive"] if settings.kl_control == "adaptive" else [])
+
+
 def _rule_periodic_not_separate_async(config: DictConfig, settings) -> Optional[str]:
     mode = (config.trainer.get("v1", None) or {}).get("trainer_mode", "sync")
-    if settings.reference != "periodic" or mode != "separate_async":
+    features = _hooked_features(settings)
+    if not features or mode != "separate_async":
         return None
     return (
-        "policy_loss.reference=periodic with trainer.v1.trainer_mode=separate_async (recipe knob TRAINER_MODE): "
+        f"{' and '.join(features)} with trainer.v1.trainer_mode=separate_async (recipe knob TRAINER_MODE): "
         "untested: separate_async replaces the actor worker by verl's DetachActorWorker and updates once per "
-        "mini-batch, which the periodic reference's worker hooks were not written for. Fix: TRAINER_MODE="
-        "colocate_async (measured working with the periodic reference) or sync, or reference=iterative/frozen"
+        "mini-batch, which the reference/adaptive-β worker hooks were not written for. Fix: TRAINER_MODE="
+        "colocate_async (measured working with the periodic reference) or sync, or reference=iterative/frozen and "
+        "kl_control=fixed"
+    )
+
+
+def _rule_written_reference_engine(config: DictConfig, settings) -> Optional[str]:
+    """periodic/ema write the reference engine's weights from the actor's in the actor's process: verl's fused
+    actor+reference worker with FSDP engines (no LoRA: a LoRA reference is the adapter-free actor, no engine of its
+    own); ema also needs the reference stored in fp32 (the blend is in place)."""
+    if settings.reference not in WRITTEN_REFERENCES:
+        return None
+    arr, problems = config.actor_rollout_ref, []
+    strategies = {role: str(arr[role].get("strategy", "fsdp2")) for role in ("actor", "ref")}
+    bad = [f"actor_rollout_ref.{r}.strategy={v}" for r, v in strategies.items() if v not in ("fsdp", "fsdp2")]
+    if bad:
+        problems.append(f"{' and '.join(bad)} (the weight copy/blend works on FSDP engines only: fsdp2)")
+    lora = int((arr.get("model", None) or {}).get("lora_rank", 0) or 0)
+    if lora > 0:
+        problems.append(f"actor_rollout_ref.model.lora_rank={lora} (a LoRA run has no reference engine: its reference "
+                        f"is the adapter-free actor; set lora_rank=0 or reference=frozen)")  # fmt: skip
+    dtype = str(((arr.ref.get("fsdp_config", None) or {}).get("model_dtype", None)) or "fp32")
+    if settings.reference == "ema" and dtype not in ("fp32", "float32"):
+        problems.append(f"actor_rollout_ref.ref.fsdp_config.model_dtype={dtype} (the EMA blend is done in place on "
+                        f"the reference's shards and needs fp32 storage: a bf16 blend at τ≈0.99 never moves; set "
+                        f"fp32)")  # fmt: skip
+    if not problems:
+        return None
+    return f"policy_loss.reference={settings.reference} cannot run with " + "; ".join(problems)
+
+
+def _rule_no_adaptive_kl_ctrl(config: DictConfig, settings) -> Optional[str]:
+    ctrl = config.algorithm.get("kl_ctrl", None) or {}
+    if ctrl.get("type", "fixed") != "adaptive":
+        return None
+    return (
+        "algorithm.kl_ctrl.type=adaptive next to an RPG loss: verl's controller adapts only the in-reward KL "
+        "(use_kl_in_reward), which RPG runs do not use, so it would be silently ignored. For an adaptive β of the RPG "
+        "loss set +actor_rollout_ref.actor.policy_loss.kl_control=adaptive "
+        "+actor_rollout_ref.actor.policy_loss.kl_target=<KL per token> +actor_rollout_ref.actor.policy_loss."
+        "kl_horizon=<H in training steps> (β starts at policy_loss.kl_coef; docs/losses.md#adaptive-beta), and keep "
+        "algorithm.kl_ctrl.type=fixed"
     )
 
 
@@ -175,6 +226,8 @@ RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
     _rule_reference_model,
     _rule_periodic_state_reachable,
     _rule_periodic_not_separate_async,
+    _rule_written_reference_engine,
+    _rule_no_adaptive_kl_ctrl,
 )
 
 
@@ -195,8 +248,11 @@ def validate_rpg(config: DictConfig):
     * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
     * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
       `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
-    * `reference=periodic` on several nodes ⇒ the checkpoint folder is declared shared (`RPG_SHARED_CKPT=1`);
-    * `reference=periodic` ⇒ not `trainer.v1.trainer_mode=separate_async` (untested there).
+    * `reference=periodic|ema` on several nodes ⇒ the checkpoint folder is declared shared (`RPG_SHARED_CKPT=1`);
+    * `reference=periodic|ema` or `kl_control=adaptive` ⇒ not `trainer.v1.trainer_mode=separate_async` (untested);
+    * `reference=periodic|ema` ⇒ FSDP engines and no LoRA (the fused worker's reference engine); `ema` ⇒ the
+      reference stored in fp32;
+    * no `algorithm.kl_ctrl.type=adaptive` (ignored by RPG runs; the pointer to `policy_loss.kl_control=adaptive`);
     """
     from rpg.loss_config import clip_errors
     from rpg.loss_table import ADDON, VERL_CLIP_FIELDS, clip_fields

@@ -1,4 +1,4 @@
-"""The KL reference policy of RPG inside verl 0.9.1: `iterative`, `frozen` and `periodic`.
+"""The KL reference policy of RPG inside verl 0.9.1: `iterative`, `frozen`, `periodic` and `ema`; the adaptive β.
 
 Modes (``actor_rollout_ref.actor.policy_loss.reference``, see `rpg.loss_config.RPGPolicyLossConfig`):
 
@@ -8,6 +8,10 @@ Modes (``actor_rollout_ref.actor.policy_loss.reference``, see `rpg.loss_config.R
 * ``frozen``: π_ref = the initial model, computed by verl's own reference worker (``actor.use_kl_loss=True`` with
   ``actor.kl_loss_coef=0`` so that verl builds it and ships ``ref_log_prob`` but adds no KL term of its own). This is
   the Fig. 9 "no iterative reference" ablation. The losses use the ρ-weighted surrogates (ρ = π_ref/π_old).
+* ``ema``: π_ref ← τ·π_ref + (1 − τ)·π_θ every ``ref_ema_period`` optimizer steps (EMA-PG, arXiv 2602.04417), an
+  fp32 blend of each rank's own reference shards (`rpg.reference.weights`), through the periodic machinery.
+* ``kl_control='adaptive'`` (any mode): β follows Ziegler et al.'s proportional controller
+  (`rpg.reference.adaptive_kl`).
 * ``periodic``: the paper's scheme "set the reference to the current policy every K optimizer steps, or when a moving
   average of the token-level KL exceeds κ" (paper §5, "Iterative reference updates"; the authors' code does not
   implement it). Same verl setup as ``frozen``; in addition the reference weights are overwritten with the actor's.
@@ -44,25 +48,37 @@ from typing import Any
 from rpg import install as _install
 from rpg.reference import adapter, periodic
 from rpg.reference.adapter import current_ref_log_prob, token_kl_to_reference
-from rpg.reference.periodic import PeriodicReference, copy_policy_weights
+from rpg.reference.adaptive_kl import AdaptiveKLCoef, current_kl_coef
+from rpg.reference.periodic import PeriodicReference
 from rpg.reference.schedule import ReferenceState, RefreshSchedule
+from rpg.reference.weights import blend_policy_weights, copy_policy_weights
 
 __all__ = [
+    "AdaptiveKLCoef",
     "PeriodicReference",
     "ReferenceState",
     "RefreshSchedule",
+    "blend_policy_weights",
+    "checkpoint_extra_bytes",
     "copy_policy_weights",
+    "current_kl_coef",
     "current_ref_log_prob",
     "require",
     "token_kl_to_reference",
 ]
 
 
+def checkpoint_extra_bytes(settings: Any, n_params: int) -> int:
+    """Bytes the plugin adds to each checkpoint beyond verl's: the reference weights (fp32, all ranks' shards
+    together) for ``periodic`` (once refreshed) and ``ema``; a few KB of JSON otherwise. For a free-disk estimate."""
+    return 4 * int(n_params) if settings.reference in ("periodic", "ema") else 0
+
+
 def require(settings: Any) -> None:
     """Raise RuntimeError naming what `settings` (an `RPGPolicyLossConfig`) needs that is not installed in this
     process, and the fix."""
     what = {_install.REF_LOG_PROB: "the ref_log_prob adapter around verl's ppo_loss",
-            _install.PERIODIC_REFERENCE: "the periodic-reference hooks on verl's ActorRolloutRefWorker"}  # fmt: skip
+            _install.PERIODIC_REFERENCE: "the periodic/EMA-reference and adaptive-β hooks on verl's ActorRolloutRefWorker"}  # fmt: skip
     needed = _install.needed(settings)
     absent = [name for name in needed if not _install.installed(name)]
     if absent:

@@ -1,4 +1,15 @@
-"""The periodic reference inside verl's fused actor+reference worker: refresh, metrics, checkpoint and resume.
+"""The periodic and EMA references and the adaptive β inside verl's fused actor+reference worker: refresh or blend,
+controller update, metrics, checkpoint and resume.
+
+``reference='ema'`` runs the same machinery as ``periodic`` with the schedule K = ``ref_ema_period`` (no κ) and, on
+an update, the blend π_ref ← τ·π_ref + (1 − τ)·π_θ on each rank's own fp32 shards (`rpg.reference.weights`) instead of
+the copy; its metrics are ``actor/rpg/ref_ema_updated``, ``ref_ema_update_count``, ``ref_ema_steps_since_update``,
+``ref_ema_time_s``, ``ref_ema_decay`` and ``ref_kl``; its checkpoint is ``rpg_reference/`` as below (state.json
+records the mode). ``kl_control='adaptive'`` (any reference): the ``update_actor`` hook makes the worker's
+`rpg.reference.adaptive_kl.AdaptiveKLCoef` the β the losses read, collects the losses' KL estimate, all-reduces it
+with the reference KL (one all-reduce) and updates β once per training step (metrics ``actor/rpg/kl_coef``: the β of
+this step, ``kl_coef_next``, ``kl_ctrl_kl``); ``global_step_N/actor/rpg_kl_control.json`` (rank 0, atomic; read by
+rank 0 on resume and broadcast) stores it.
 
 With ``reference='periodic'`` the reference weights are overwritten with the actor's on the schedule of
 `rpg.reference.schedule.RefreshSchedule`. verl has no hook for this, so `install()` wraps three methods of
@@ -58,8 +69,10 @@ from tensordict import TensorDict
 
 from rpg.atomic import atomic_write_json
 from rpg.compat import SUPPORTED_VERL, require_signature, require_version
+from rpg.reference import adaptive_kl
 from rpg.reference.adapter import KL_METER
 from rpg.reference.schedule import RefreshSchedule
+from rpg.reference.weights import blend_policy_weights, copy_policy_weights, engine_module, reshard_fsdp2
 
 __all__ = ["PeriodicReference", "check", "copy_policy_weights", "install", "installed"]
 
@@ -76,48 +89,8 @@ WHAT = "rpg's periodic-reference hooks on verl's ActorRolloutRefWorker (rpg/refe
 MARK = "__rpg_periodic_reference_hook__"
 
 
-def _reshard_fsdp2(module: torch.nn.Module) -> None:
-    """Put every FSDP2 sub-module in its sharded state, so the registered parameters are the up-to-date shards."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - old torch
-        return
-    for m in module.modules():
-        if isinstance(m, FSDPModule):
-            m.reshard()
-
-
-def copy_policy_weights(src: torch.nn.Module, dst: torch.nn.Module) -> None:
-    """Overwrite ``dst``'s parameters and buffers with ``src``'s (π_ref ← π_θ), in place.
-
-    Works for plain modules and FSDP/FSDP2-wrapped ones through torch's distributed state-dict API (sharded state
-    dicts: each rank copies its own shards; collective when the layouts differ). Must be called on every rank.
-    """
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-
-    _reshard_fsdp2(src)
-    _reshard_fsdp2(dst)
-    with torch.no_grad():
-        state = get_model_state_dict(src)
-        result = set_model_state_dict(dst, state)
-    missing = list(getattr(result, "missing_keys", []) or [])
-    unexpected = list(getattr(result, "unexpected_keys", []) or [])
-    if missing or unexpected:
-        raise RuntimeError(
-            f"reference refresh: actor and reference models differ (missing in actor: {missing[:5]}, "
-            f"unexpected: {unexpected[:5]}); both must be built from actor_rollout_ref.model"
-        )
-
-
-def _engine_module(training_worker: Any, what: str) -> torch.nn.Module:
-    module = getattr(getattr(training_worker, "engine", None), "module", None)
-    if not isinstance(module, torch.nn.Module):
-        raise NotImplementedError(
-            f"reference='periodic' copies weights between torch modules; the {what} engine "
-            f"{type(getattr(training_worker, 'engine', None)).__name__} exposes none (supported: FSDP/FSDP2 engines, "
-            "actor_rollout_ref.actor.strategy=fsdp|fsdp2)"
-        )
-    return module
+_reshard_fsdp2 = reshard_fsdp2  # the names tests and older callers use
+_engine_module = engine_module
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -146,15 +119,18 @@ def _all_reduce_sum(values: list[float]) -> list[float]:
 
 
 class PeriodicReference:
-    """Per-worker state of the ``periodic`` mode: the schedule and the refresh/save/load of the reference engine.
+    """Per-worker state of the ``periodic`` and ``ema`` modes: the schedule and the refresh (copy, or EMA blend with
+    ``ema_decay`` τ) / save / load of the reference engine.
 
     ``actor`` / ``ref`` are verl ``TrainingWorker`` objects (``ActorRolloutRefWorker.actor`` / ``.ref``).
     """
 
-    def __init__(self, schedule: RefreshSchedule, actor: Any, ref: Any):
+    def __init__(self, schedule: RefreshSchedule, actor: Any, ref: Any, ema_decay: Optional[float] = None):
         self.schedule = schedule
         self.actor = actor
         self.ref = ref
+        self.ema_decay = ema_decay  # None: periodic (copy); τ: EMA (blend)
+        self.mode = "periodic" if ema_decay is None else "ema"
         self.optimizer_steps = 0  # optimizer steps of the actor engine since the counter was last reset
         self._count_optimizer_steps(actor.engine)
 
@@ -172,11 +148,17 @@ class PeriodicReference:
 
     @classmethod
     def from_settings(cls, settings: Any, actor: Any, ref: Any) -> "PeriodicReference":
+        if settings.reference == "ema":  # the EMA update period is the periodic reference's K, in optimizer steps
+            return cls(RefreshSchedule(settings.ref_ema_period), actor, ref, ema_decay=settings.ref_ema_decay)
         schedule = RefreshSchedule(settings.ref_refresh_steps, settings.ref_refresh_kl, settings.ref_kl_ema)
         return cls(schedule, actor, ref)
 
     def refresh(self) -> None:
-        copy_policy_weights(_engine_module(self.actor, "actor"), _engine_module(self.ref, "reference"))
+        actor, ref = engine_module(self.actor, "actor"), engine_module(self.ref, "reference")
+        if self.ema_decay is None:
+            copy_policy_weights(actor, ref)
+        else:
+            blend_policy_weights(actor, ref, self.ema_decay)
 
     def end_of_training_step(self, optimizer_steps: int, kl: Optional[float]) -> dict[str, float]:
         """Update the schedule, refresh the reference if due, and return the metrics of this step."""
@@ -187,7 +169,7 @@ class PeriodicReference:
             start = time.perf_counter()
             self.refresh()
             seconds = time.perf_counter() - start
-            if _rank() == 0:
+            if _rank() == 0 and self.mode == "periodic":
                 last = s.history[-1]
                 print(
                     f"[rpg.reference] reference <- policy at training step {last['train_step']} "
@@ -195,6 +177,17 @@ class PeriodicReference:
                     f"refresh #{len(s.history)}",
                     flush=True,
                 )
+        if self.mode == "ema":
+            metrics = {
+                "ref_ema_updated": float(refreshed),
+                "ref_ema_update_count": float(len(s.history)),
+                "ref_ema_steps_since_update": float(s.steps_since_refresh),
+                "ref_ema_time_s": seconds,
+                "ref_ema_decay": float(self.ema_decay),
+            }
+            if kl is not None:
+                metrics["ref_kl"] = float(kl)
+            return {METRIC_PREFIX + k: v for k, v in metrics.items()}
         metrics = {
             "ref_refreshed": float(refreshed),
             "ref_refresh_count": float(len(s.history)),
@@ -218,6 +211,7 @@ class PeriodicReference:
         if _rank() == 0:
             payload = {
                 "version": STATE_VERSION,
+                "reference": self.mode,
                 "global_step": int(global_step),
                 "has_ref_weights": has_weights,
                 "schedule": self.schedule.state_dict(),
@@ -235,7 +229,7 @@ class PeriodicReference:
         path = os.path.join(root, STATE_FILE)
         if not os.path.exists(path):
             raise RuntimeError(
-                f"reference='periodic' cannot resume from {local_path}: it has no {path} (the checkpoint was saved "
+                f"reference={self.mode!r} cannot resume from {local_path}: it has no {path} (the checkpoint was saved "
                 f"with another policy_loss.reference, or without rpg-verl), so the reference model and its refresh "
                 f"schedule are unknown. Resume it with the reference= setting it was trained with, or start a new run "
                 f"from its weights with trainer.resume_mode=disable (actor_rollout_ref.model.path=<exported model>)."
@@ -246,12 +240,18 @@ class PeriodicReference:
             if not isinstance(payload, dict) or payload.get("version") != STATE_VERSION:
                 version = payload.get("version") if isinstance(payload, dict) else None
                 raise ValueError(f"unsupported state version {version!r} (this rpg-verl reads {STATE_VERSION})")
+            saved_mode = payload.get("reference", "periodic")  # files of rpg-verl before the EMA reference: periodic
+            if saved_mode != self.mode:
+                raise ValueError(
+                    f"saved with reference={saved_mode!r}, resumed with reference={self.mode!r}: resume with the mode "
+                    f"it was trained with, or start a new run from its weights (trainer.resume_mode=disable)"
+                )
             self.schedule.load_state_dict(payload["schedule"])
             has_weights = payload["has_ref_weights"]
             if not isinstance(has_weights, bool):
                 raise ValueError(f"has_ref_weights={has_weights!r} must be true or false")
         except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
-            raise ValueError(f"corrupt periodic-reference state {path}: {e}") from e
+            raise ValueError(f"corrupt or mismatched {self.mode}-reference state {path}: {e}") from e
         if has_weights:
             self._load_ref_weights(os.path.join(root, REF_MODEL_DIR))
 
@@ -259,8 +259,8 @@ class PeriodicReference:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        module = _engine_module(self.ref, "reference")
-        _reshard_fsdp2(module)
+        module = engine_module(self.ref, "reference")
+        reshard_fsdp2(module)
         tmp = directory + ".tmp"
         if _rank() == 0 and os.path.exists(tmp):
             shutil.rmtree(tmp)
@@ -277,8 +277,8 @@ class PeriodicReference:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-        module = _engine_module(self.ref, "reference")
-        _reshard_fsdp2(module)
+        module = engine_module(self.ref, "reference")
+        reshard_fsdp2(module)
         state = get_model_state_dict(module)
         dcp.load(state, checkpoint_id=directory, no_dist=not _dist_ready())
         with torch.no_grad():
@@ -295,19 +295,20 @@ def _policy_loss_cfg(worker: Any) -> Any:
 
 
 def _periodic_reference(worker: Any) -> Optional[PeriodicReference]:
-    """The worker's `PeriodicReference` (built on first use), or None unless ``reference == 'periodic'``."""
+    """The worker's `PeriodicReference` (built on first use), or None unless ``reference`` is periodic or ema."""
     cached = worker.__dict__.get("_rpg_periodic_reference", False)
     if cached is not False:
         return cached
     pl = _policy_loss_cfg(worker)
     ctl = None
-    if pl is not None and pl.get("reference") == "periodic" and getattr(worker, "actor", None) is not None:
+    mode = pl.get("reference", None) if pl is not None else None
+    if mode in ("periodic", "ema") and getattr(worker, "actor", None) is not None:
         from rpg.loss_config import rpg_settings
 
         settings = rpg_settings(worker.config.actor)
         if getattr(worker, "ref", None) is None:
             raise ValueError(
-                "reference='periodic' refreshes the reference model in the actor's process, but this actor worker "
+                f"reference={mode!r} writes the reference model in the actor's process, but this actor worker "
                 f"(role={getattr(worker, 'role', '?')!r}) holds no reference model. It needs verl's fused "
                 "'actor_rollout_ref' worker: set actor_rollout_ref.actor.use_kl_loss=True (kl_loss_coef=0), no LoRA "
                 "(a LoRA reference is the adapter-free actor), and the hybrid engine (trainer.v1.trainer_mode=sync)."
@@ -317,23 +318,102 @@ def _periodic_reference(worker: Any) -> Optional[PeriodicReference]:
     return ctl
 
 
+KL_CONTROL_FILE = "rpg_kl_control.json"
+
+
+def _kl_controller(worker: Any) -> Optional[adaptive_kl.AdaptiveKLCoef]:
+    """The worker's adaptive-β controller (built on first use), or None unless ``kl_control == 'adaptive'``."""
+    cached = worker.__dict__.get("_rpg_kl_controller", False)
+    if cached is not False:
+        return cached
+    pl = _policy_loss_cfg(worker)
+    ctl = None
+    if pl is not None and pl.get("kl_control", None) == "adaptive" and getattr(worker, "actor", None) is not None:
+        from rpg.loss_config import rpg_settings
+
+        settings = rpg_settings(worker.config.actor)
+        ctl = adaptive_kl.AdaptiveKLCoef(settings.kl_coef, settings.kl_target, settings.kl_horizon)
+    worker.__dict__["_rpg_kl_controller"] = ctl
+    return ctl
+
+
+def save_kl_control(ctl: adaptive_kl.AdaptiveKLCoef, local_path: str, global_step: int) -> None:
+    """Rank 0 writes ``<local_path>/rpg_kl_control.json`` (atomically; floats round-trip exactly through JSON)."""
+    if _rank() == 0:
+        payload = {"version": STATE_VERSION, "global_step": int(global_step), "controller": ctl.state_dict()}
+        atomic_write_json(os.path.join(local_path, KL_CONTROL_FILE), payload, indent=2, sort_keys=True)
+    _barrier()
+
+
+def load_kl_control(ctl: adaptive_kl.AdaptiveKLCoef, local_path: str) -> None:
+    """Rank 0 reads the controller state saved by `save_kl_control` and broadcasts it (only rank 0's node needs the
+    file); every rank raises the same error when it is missing (saved with kl_control='fixed') or corrupt."""
+    path = os.path.join(local_path, KL_CONTROL_FILE)
+    message: list = [None]
+    if _rank() == 0:
+        try:
+            with open(path) as f:
+                payload = json.load(f, parse_constant=_reject_constant)
+            if not isinstance(payload, dict) or payload.get("version") != STATE_VERSION:
+                raise ValueError(f"unsupported state version (this rpg-verl reads {STATE_VERSION})")
+            message[0] = ("ok", payload["controller"])
+        except FileNotFoundError:
+            message[0] = ("missing", None)
+        except (ValueError, KeyError, TypeError) as e:
+            message[0] = ("corrupt", str(e))
+    if _dist_ready() and torch.distributed.get_world_size() > 1:
+        torch.distributed.broadcast_object_list(message, src=0)
+    status, value = message[0]
+    if status == "missing":
+        raise RuntimeError(
+            f"kl_control='adaptive' cannot resume from {local_path}: it has no {path} (the checkpoint was saved with "
+            "kl_control='fixed', or without rpg-verl), so β at that step is unknown. Resume with the kl_control it "
+            "was trained with, or start a new run from its weights with trainer.resume_mode=disable."
+        )
+    try:
+        if status == "corrupt":
+            raise ValueError(value)
+        ctl.load_state_dict(value)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"corrupt adaptive-β state {path}: {e}") from e
+
+
+def _end_of_step_kl_control(ctl: adaptive_kl.AdaptiveKLCoef, kl_sum: float, tokens: float) -> dict[str, float]:
+    used = ctl.value
+    kl = kl_sum / tokens if tokens > 0 else None
+    ctl.update(kl)
+    metrics = {"kl_coef": used, "kl_coef_next": ctl.value}
+    if kl is not None:
+        metrics["kl_ctrl_kl"] = kl
+    return {METRIC_PREFIX + k: v for k, v in metrics.items()}
+
+
 def _wrap_update_actor(orig: Callable) -> Callable:
     if getattr(orig, MARK, False):
         return orig
 
     @functools.wraps(orig)
     def update_actor(self, data, *args, **kwargs):
-        ctl = _periodic_reference(self)
-        if ctl is None:
+        ctl, beta = _periodic_reference(self), _kl_controller(self)
+        if ctl is None and beta is None:
             return orig(self, data, *args, **kwargs)
-        ctl.optimizer_steps = 0
-        KL_METER.start()
+        if ctl is not None:
+            ctl.optimizer_steps = 0
+            KL_METER.start()
+        if beta is not None:
+            adaptive_kl.activate(beta)  # the β the losses read during this step
+            adaptive_kl.KL_OBSERVER.start()
         try:
             output = orig(self, data, *args, **kwargs)  # `data`: a TensorDict, or TransferQueue metadata (v1 trainer)
         finally:
-            kl_sum, tokens = KL_METER.stop()
-        kl_sum, tokens = _all_reduce_sum([kl_sum, tokens])
-        metrics = ctl.end_of_training_step(ctl.optimizer_steps, kl_sum / tokens if tokens > 0 else None)
+            kl_sum, tokens = KL_METER.stop() if ctl is not None else (0.0, 0.0)
+            beta_kl_sum, beta_tokens = adaptive_kl.KL_OBSERVER.stop() if beta is not None else (0.0, 0.0)
+        kl_sum, tokens, beta_kl_sum, beta_tokens = _all_reduce_sum([kl_sum, tokens, beta_kl_sum, beta_tokens])
+        metrics = {}
+        if ctl is not None:
+            metrics.update(ctl.end_of_training_step(ctl.optimizer_steps, kl_sum / tokens if tokens > 0 else None))
+        if beta is not None:
+            metrics.update(_end_of_step_kl_control(beta, beta_kl_sum, beta_tokens))
         if isinstance(output, TensorDict) and "metrics" in output.keys():
             from verl.utils import tensordict_utils as tu
 
@@ -353,9 +433,11 @@ def _wrap_save_checkpoint(orig: Callable) -> Callable:
     @functools.wraps(orig)
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
         result = orig(self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
-        ctl = _periodic_reference(self)
+        ctl, beta = _periodic_reference(self), _kl_controller(self)
         if ctl is not None and local_path is not None:
             ctl.save(local_path, global_step)
+        if beta is not None and local_path is not None:
+            save_kl_control(beta, local_path, global_step)
         return result
 
     setattr(save_checkpoint, MARK, True)
@@ -368,15 +450,15 @@ def _wrap_load_checkpoint(orig: Callable) -> Callable:
 
     @functools.wraps(orig)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        ctl = _periodic_reference(self)
+        ctl, beta = _periodic_reference(self), _kl_controller(self)
         if ctl is not None and local_path is not None:
             ctl.load(local_path)  # before verl's load: it may delete the local checkpoint afterwards
+        if beta is not None and local_path is not None:
+            load_kl_control(beta, local_path)
         return orig(self, local_path, hdfs_path, del_local_after_load)
 
     setattr(load_checkpoint, MARK, True)
     return load_checkpoint
-
-
 
 
 # ---------------------------------------------------------------------------------------------------------------------

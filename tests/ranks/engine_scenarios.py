@@ -166,9 +166,18 @@ def first_update_gradient(rank: int, world_size: int, model_dir: str, batch: dic
 _PERIODIC_BATCH, _PERIODIC_MINI = 8, 4  # global sequences per training step / per optimizer step -> 2 steps per step
 
 
-def _periodic_worker(model_dir: str, world_size: int, refresh_steps: int, refresh_kl: float):
+def _periodic_worker(model_dir: str, world_size: int, refresh_steps: int, refresh_kl: float,
+                     reference: Optional[list[str]] = None):  # fmt: skip
+    """The fused FSDP2 worker of the reference scenarios; `reference`: policy_loss overrides replacing the periodic
+    K/κ ones (the EMA reference, the adaptive β)."""
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
+    periodic = [
+        "+actor_rollout_ref.actor.policy_loss.reference=periodic",
+        f"+actor_rollout_ref.actor.policy_loss.ref_refresh_steps={refresh_steps}",
+        f"+actor_rollout_ref.actor.policy_loss.ref_refresh_kl={refresh_kl}",
+        "+actor_rollout_ref.actor.policy_loss.ref_kl_ema=0.0",  # EMA = this step's KL: κ compares the step's KL
+    ]
     config = compose(model_dir, [
         f"actor_rollout_ref.actor.ppo_mini_batch_size={_PERIODIC_MINI}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",  # 2 micro-batches per rank per optimizer step
@@ -178,10 +187,7 @@ def _periodic_worker(model_dir: str, world_size: int, refresh_steps: int, refres
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.0",
         "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
         "actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_urkl",
-        "+actor_rollout_ref.actor.policy_loss.kl_coef=0.05", "+actor_rollout_ref.actor.policy_loss.reference=periodic",
-        f"+actor_rollout_ref.actor.policy_loss.ref_refresh_steps={refresh_steps}",
-        f"+actor_rollout_ref.actor.policy_loss.ref_refresh_kl={refresh_kl}",
-        "+actor_rollout_ref.actor.policy_loss.ref_kl_ema=0.0",  # EMA = this step's KL: κ compares the step's KL
+        "+actor_rollout_ref.actor.policy_loss.kl_coef=0.05", *(periodic if reference is None else reference),
     ])  # fmt: skip
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout_ref")
     worker.init_model()
@@ -272,6 +278,74 @@ def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, 
     out["resumed_final_schedule"] = resumed._rpg_periodic_reference.schedule.state_dict()
     resumed_ref = local_state(_engine_module(resumed.ref, "reference"))
     out["resumed_ref_max_diff"] = max(float((resumed_ref[k] - final_ref[k]).abs().max()) for k in final_ref)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 2b. EMA reference and adaptive β: the blend shard by shard, the controller on every rank, checkpoint and resume
+# ---------------------------------------------------------------------------------------------------------------------
+def _params64(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's own shards of every parameter, in float64."""
+    return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().double().clone()
+            for k, v in module.named_parameters()}  # fmt: skip
+
+
+def _reference_step(worker, step: int, rank: int, world_size: int, decay: Optional[float]) -> dict[str, Any]:
+    """One training step (π_old, π_ref, update of 2 optimizer steps); with `decay` τ, the largest gap between the
+    reference's shards after the step and the float64 closed form τ·ref_before + (1 − τ)·actor_after."""
+    from verl.utils import tensordict_utils as tu
+
+    from rpg.reference.weights import engine_module
+
+    actor, reference = engine_module(worker.actor, "actor"), engine_module(worker.ref, "reference")
+    tensors = chunk(padded_batch(_PERIODIC_BATCH, seed=100 + step), rank, world_size)
+    td = to_td(tensors)
+    mask = tensors["response_mask"].bool()
+    td["old_log_probs"] = _log_probs(worker, td, ref=False) * mask
+    td["ref_log_prob"] = _log_probs(worker, td, ref=True) * mask
+    tu.assign_non_tensor(td, compute_loss=True, global_batch_size=_PERIODIC_MINI, mini_batch_size=_PERIODIC_MINI,
+                         epochs=1, seed=0, dataloader_kwargs={"shuffle": False})  # fmt: skip
+    before = _params64(reference)
+    metrics = _metrics(worker.update_actor(td))
+    out = {"step": step, **{k.removeprefix("actor/rpg/"): v[0] for k, v in metrics.items()
+                            if k.startswith("actor/rpg/ref_") or k.startswith("actor/rpg/kl_c")}}  # fmt: skip
+    if decay is not None:
+        after, theta = _params64(reference), _params64(actor)
+        out["blend_err"] = max(float((after[k] - (decay * before[k] + (1 - decay) * theta[k])).abs().max())
+                               for k in after)  # fmt: skip
+        out["moved"] = max(float((after[k] - before[k]).abs().max()) for k in after)
+        out["gap_to_actor"] = max(float((after[k] - theta[k]).abs().max()) for k in after)
+    return out
+
+
+def ema_reference(rank: int, world_size: int, model_dir: str, ckpt_dir: str, reference: list[str], steps: int,
+                  decay: Optional[float] = None, save_at: Optional[int] = None) -> dict[str, Any]:  # fmt: skip
+    """Train `steps` steps with the policy_loss overrides `reference`; checkpoint at `save_at`, then resume from it in
+    a fresh worker and train the remaining steps. Returns per-step metrics and what each rank observed."""
+    from rpg.reference.weights import engine_module
+
+    worker = _periodic_worker(model_dir, world_size, 0, 0.0, reference=reference)
+    out: dict[str, Any] = {"steps": [], "resumed_steps": []}
+    for step in range(1, steps + 1):
+        out["steps"].append(_reference_step(worker, step, rank, world_size, decay))
+        if step == save_at:
+            worker.save_checkpoint(ckpt_dir, global_step=step)
+            saved_ref = local_state(engine_module(worker.ref, "reference"))
+            saved_beta = worker._rpg_kl_controller.state_dict() if worker._rpg_kl_controller else None
+    out["final_ref"] = local_state(engine_module(worker.ref, "reference"))
+    if save_at is None:
+        return out
+    resumed = _periodic_worker(model_dir, world_size, 0, 0.0, reference=reference)
+    initial_ref = local_state(engine_module(resumed.ref, "reference"))
+    resumed.load_checkpoint(ckpt_dir)
+    out["loaded_ref_equal_saved"] = equal_states(local_state(engine_module(resumed.ref, "reference")), saved_ref)
+    out["saved_ref_differs_from_initial"] = not equal_states(saved_ref, initial_ref)
+    out["loaded_beta_equal_saved"] = (resumed._rpg_kl_controller.state_dict() if resumed._rpg_kl_controller
+                                      else None) == saved_beta  # fmt: skip
+    for step in range(save_at + 1, steps + 1):
+        out["resumed_steps"].append(_reference_step(resumed, step, rank, world_size, decay))
+    resumed_ref = local_state(engine_module(resumed.ref, "reference"))
+    out["resumed_ref_max_diff"] = max(float((resumed_ref[k] - out["final_ref"][k]).abs().max()) for k in resumed_ref)
     return out
 
 

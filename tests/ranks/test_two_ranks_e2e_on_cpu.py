@@ -10,7 +10,8 @@ line each in the JSON-lines metrics file and on the console, every `actor/rpg/*`
   the policy that then samples step 3 (π_old), so at step 3 verl's own KL-loss metric (k3 against `ref_log_prob`) and
   the periodic reference's KL are ~0 — only if the resumed run restored the *refreshed* reference on both ranks
   (the initial model would give a clearly positive KL, as step 2 shows) — and the schedule continues (refresh count
-  1, no refresh at step 3);
+  1, no refresh at step 3); the adaptive β (`kl_control=adaptive`) follows its recurrence on the all-reduced KL
+  and the resumed step 3 uses exactly the β the first run computed after step 2;
 * schedule-free AdamW with the iterative RPG loss and its KL active (2 mini-batches per step): validation before
   training and at step 2, a checkpoint with the HF export at step 2. Each rollout replica gets the iterate y after
   every update and the average x around validation (the servers' weight pushes: steps 0, 1, 2, 2, 2 per replica);
@@ -32,7 +33,11 @@ from cpu_trainer import check_steps, run_cpu_recipe
 pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 SIZES = dict(CPU_RANKS="2", CPU_BATCH="4", CPU_N="4", CPU_SEED="0")  # 16 sequences per step, 8 per rank
-SMALL_VAL = ["data.val_max_samples=32"]  # validation on 32 of the 200 held-out prompts: only its steps are checked
+SMALL_VAL = ["data.val_max_samples=32"]
+BETA_TARGET, BETA_H = 1e-4, 2.0  # the adaptive β (docs/losses.md#adaptive-beta) on the periodic run
+ADAPTIVE_BETA = ["+actor_rollout_ref.actor.policy_loss.kl_control=adaptive",
+                 f"+actor_rollout_ref.actor.policy_loss.kl_target={BETA_TARGET}",
+                 f"+actor_rollout_ref.actor.policy_loss.kl_horizon={BETA_H}"]  # fmt: skip  # validation on 32 of the 200 held-out prompts: only its steps are checked
 
 
 def test_periodic_reference_checkpoint_and_resume_on_two_ranks(tiny_dir, tmp_path):
@@ -43,6 +48,7 @@ def test_periodic_reference_checkpoint_and_resume_on_two_ranks(tiny_dir, tmp_pat
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
         "actor_rollout_ref.actor.policy_loss.reference=periodic",
         "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=2",
+        *ADAPTIVE_BETA,
     ]
     first, text = run_cpu_recipe(tmp_path, "periodic_2r", [*overrides, "trainer.resume_mode=disable"],
                                  timeout_s=900, CPU_STEPS="2", CPU_TEST_FREQ="2", **SIZES)  # fmt: skip
@@ -64,6 +70,12 @@ def test_periodic_reference_checkpoint_and_resume_on_two_ranks(tiny_dir, tmp_pat
     assert "timing_s/ref" in s3
     # the resumed reference is the step-2 policy on both ranks: zero KL on the on-policy step 3
     assert abs(s3["actor/kl_loss"]) < 1e-6 and abs(s3["actor/rpg/ref_kl"]) < 1e-6, s3
+    # the adaptive β rides on this run: it follows its recurrence, and the resumed run continues it exactly
+    for step, nxt in ((1, train[2]), (2, s3)):
+        kl, beta = train[step]["actor/rpg/kl_ctrl_kl"], train[step]["actor/rpg/kl_coef"]
+        assert train[step]["actor/rpg/kl_coef_next"] == beta * (1 + min(max(kl / BETA_TARGET - 1, -0.2), 0.2) / BETA_H)
+        assert nxt["actor/rpg/kl_coef"] == train[step]["actor/rpg/kl_coef_next"], (step, nxt["actor/rpg/kl_coef"])
+    assert len({train[1]["actor/rpg/kl_coef"], train[2]["actor/rpg/kl_coef"], s3["actor/rpg/kl_coef"]}) == 3
 
 
 def test_schedule_free_with_the_iterative_kl_on_two_ranks(tiny_dir, tmp_path):

@@ -14,6 +14,13 @@ Periodic reference (rpg/reference/periodic.py), RPG-REINFORCE-URKL against the r
 * checkpoint at step 3 → fresh workers load it: the same schedule and the same reference shards on each rank, the
   same refreshes afterwards and the same final reference as the uninterrupted run.
 
+EMA reference and adaptive β (rpg/reference/weights.py, adaptive_kl.py), RPG-REINFORCE-URKL with ρ = π_ref/π_old:
+* τ = 0.9, one update per training step: after every step each rank's own reference shards equal the float64 closed
+  form τ·ref + (1 − τ)·actor; the β controller (target below the KL: β grows) follows its recurrence on the
+  all-reduced KL, identically on both ranks; a checkpoint at step 2 resumed in fresh workers restores the reference
+  shards and β bit for bit and continues with the same β and reference;
+* τ = 0 with period 1 gives the same reference and KLs, bit for bit, as periodic with K = 2 (one training step).
+
 Schedule-free (rpg/schedule_free.py): the first micro-batch of every step has ratio 1 on each rank; the
 switch to the average x changes every rank's shards to schedulefree's x and back to y bit-exactly; the checkpoint
 holds y, its HF export is x; a resumed worker continues bit-identically.
@@ -27,7 +34,7 @@ import math
 
 import pytest
 
-from engine_scenarios import periodic_refresh, schedule_free
+from engine_scenarios import ema_reference, periodic_refresh, schedule_free
 
 K_STEPS = 6
 
@@ -86,6 +93,66 @@ def test_refresh_by_kl_threshold_is_a_joint_decision(periodic_by_k, two_ranks, t
             assert s["ref_refreshed"] == (s["ref_kl"] > kappa)
             if s["ref_refreshed"]:
                 assert s["shards_equal"] and s["logprob_gap"] < 1e-6
+
+
+P = "+actor_rollout_ref.actor.policy_loss."
+TAU, TARGET, HORIZON = 0.9, 1e-5, 2.0
+EMA_BETA = [f"{P}reference=ema", f"{P}ref_ema_decay={TAU}", f"{P}ref_ema_period=2", f"{P}kl_control=adaptive",
+            f"{P}kl_target={TARGET}", f"{P}kl_horizon={HORIZON}"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ema_run(two_ranks, tiny_qwen2_dir, tmp_path_factory):
+    ckpt = str(tmp_path_factory.mktemp("ema") / "global_step_2" / "actor")
+    return two_ranks.run(ema_reference, model_dir=tiny_qwen2_dir, ckpt_dir=ckpt, reference=EMA_BETA, steps=4,
+                         decay=TAU, save_at=2)  # fmt: skip
+
+
+def test_the_ema_blend_is_the_closed_form_on_every_rank(ema_run):
+    for rank, out in enumerate(ema_run):
+        for s in out["steps"] + out["resumed_steps"]:
+            assert s["ref_ema_updated"] == 1 and s["ref_ema_update_count"] == s["step"], (rank, s)
+            assert s["blend_err"] < 1e-6, (rank, s["step"], s["blend_err"])  # fp32 rounding of the float64 form
+            assert s["moved"] > 1e-5 and s["gap_to_actor"] > 1e-5, (rank, s)  # it moved, and not onto the actor
+
+
+def test_the_adaptive_beta_follows_its_recurrence_on_every_rank(ema_run):
+    r0, r1 = ema_run
+    for a, b in zip(r0["steps"] + r0["resumed_steps"], r1["steps"] + r1["resumed_steps"]):
+        assert (a["kl_coef"], a["kl_coef_next"], a["kl_ctrl_kl"]) == (b["kl_coef"], b["kl_coef_next"], b["kl_ctrl_kl"])
+    assert r0["steps"][0]["kl_coef"] == 0.05
+    for steps in (r0["steps"], r0["resumed_steps"]):  # the uninterrupted run (steps 1-4), the resumed one (3-4)
+        for s, nxt in zip(steps, steps[1:] + [None]):
+            error = min(max(s["kl_ctrl_kl"] / TARGET - 1, -0.2), 0.2)
+            assert s["kl_coef_next"] == s["kl_coef"] * (1 + error / HORIZON)
+            if nxt is not None:
+                assert nxt["kl_coef"] == s["kl_coef_next"]
+    assert r0["steps"][-1]["kl_coef"] > 0.05 * 1.05  # the KL exceeds the tiny target: β grew
+
+
+def test_ema_and_beta_checkpoint_and_resume_on_every_rank(ema_run):
+    for rank, out in enumerate(ema_run):
+        assert out["loaded_ref_equal_saved"] and out["saved_ref_differs_from_initial"], f"rank {rank}"
+        assert out["loaded_beta_equal_saved"], f"rank {rank}"
+        assert out["resumed_ref_max_diff"] < 1e-6, f"rank {rank}: {out['resumed_ref_max_diff']}"
+        uninterrupted, resumed = out["steps"][2:], out["resumed_steps"]
+        assert resumed[0]["kl_coef"] == uninterrupted[0]["kl_coef"] != 0.05, f"rank {rank}"  # β restored exactly
+        for a, b in zip(uninterrupted, resumed):  # the same β step for step
+            assert b["kl_coef"] == pytest.approx(a["kl_coef"], rel=1e-9), (rank, a["step"])
+            assert b["ref_kl"] == pytest.approx(a["ref_kl"], rel=1e-6), (rank, a["step"])
+
+
+def test_ema_with_tau_zero_is_periodic_with_k_one_training_step(ema_run, two_ranks, tiny_qwen2_dir, tmp_path):
+    unused = str(tmp_path / "unused")
+    ema = two_ranks.run(ema_reference, model_dir=tiny_qwen2_dir, ckpt_dir=unused, steps=3,
+                        reference=[f"{P}reference=ema", f"{P}ref_ema_decay=0.0", f"{P}ref_ema_period=1"])  # fmt: skip
+    periodic = two_ranks.run(ema_reference, model_dir=tiny_qwen2_dir, ckpt_dir=unused, steps=3,
+                             reference=[f"{P}reference=periodic", f"{P}ref_refresh_steps=2"])  # fmt: skip
+    for rank in (0, 1):
+        a, b = ema[rank], periodic[rank]
+        assert [s["ref_kl"] for s in a["steps"]] == [s["ref_kl"] for s in b["steps"]], rank
+        assert [s["ref_ema_updated"] for s in a["steps"]] == [s["ref_refreshed"] for s in b["steps"]] == [1, 1, 1]
+        assert all(a["final_ref"][k].equal(b["final_ref"][k]) for k in b["final_ref"]), rank
 
 
 @pytest.fixture(scope="module")
