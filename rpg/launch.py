@@ -105,7 +105,8 @@ def compose_and_validate(overrides: Sequence[str]) -> ValidatedConfig:
     return validate(compose_config(overrides))
 
 
-def dry_run_requested(environ=os.environ) -> bool:
+def dry_run_requested(environ=None) -> bool:
+    environ = os.environ if environ is None else environ  # read now: `datasets` (num_proc) replaces os.environ
     value = environ.get(DRY_RUN_ENV, "").strip().lower()
     if value not in _TRUE + _FALSE:
         raise RecipeConfigError(f"{DRY_RUN_ENV}={environ[DRY_RUN_ENV]!r} is not valid; use 1 (dry run) or 0")
