@@ -3,8 +3,9 @@
 The recipe launcher (`recipe/rpg/common.sh`, through `rpg.preflight.recipe_argv`) runs this module instead of
 `python -m verl.trainer.main_ppo`. It is a thin Hydra entry over the package's `rpg/config/rpg_trainer.yaml`: verl's
 own `ppo_trainer` config (from the installed `verl.trainer.config` package, so every key and default is verl's) plus
-the settings all RPG recipes share. Before verl is imported (`rpg.preflight.early`: `--help`, an interpreter without verl, a misspelt loss_mode, adv_estimator or
-policy_loss option, each with the closest names and `--list`), and then before any Ray process starts, it
+the settings all RPG recipes share. Before verl is imported (`rpg.preflight.early`: `--help`, an interpreter
+without verl, a misspelt loss_mode, adv_estimator or policy_loss option, each with the closest names and `--list`),
+and then before any Ray process starts, it
 
 1. builds the typed config dataclasses that verl's trainer and workers build later (actor, reference, rollout,
    model, algorithm, reward manager, checkpoint engine), so a misspelt `+key` or a bad value fails here instead of

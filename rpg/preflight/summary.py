@@ -24,10 +24,10 @@ def _loss(config: DictConfig) -> list[tuple[str, str]]:
     spec = loss_spec(str(pl.loss_mode))
     adv = f"advantage {config.algorithm.adv_estimator}"
     if spec is not None:
+        reference = str(pl.get("reference", "iterative"))
         rows = [("loss", f"{pl.loss_mode} ({spec.paper_row}), {adv}"),
                 ("beta", f"β = {pl.get('kl_coef', 1e-4):g} (policy_loss.kl_coef)"),
-                ("reference", str(pl.get("reference", "iterative")) + ("" if pl.get("reference", "iterative") != "iterative"
-                                                                        else " (π_ref = π_old, no reference model)"))]  # fmt: skip
+                ("reference", reference + (" (π_ref = π_old, no reference model)" * (reference == "iterative")))]
     else:
         kl = (f"verl's KL loss {actor.kl_loss_type}, coef {actor.kl_loss_coef:g}" if actor.use_kl_loss
               else "no KL loss") + (", KL in reward" if config.algorithm.use_kl_in_reward else "")  # fmt: skip
