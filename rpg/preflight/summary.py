@@ -66,7 +66,8 @@ def summary_lines(config: DictConfig, refusals: Sequence[str], smoke: Optional[s
                     f"{'checked' if prompts is None else 'not checked: ' + prompts})"),
         ("batch", f"{data.train_batch_size} prompts × {rollout.n} responses, mini-batch {actor.ppo_mini_batch_size}, "
                   f"lr {actor.optim.lr:g}"),
-        ("steps", f"{steps_text}, validation every {trainer.test_freq}, checkpoint every {trainer.save_freq}"),
+        ("steps", f"{steps_text}, validation every {trainer.test_freq}, "
+                  + (f"checkpoint every {trainer.save_freq}" if trainer.save_freq > 0 else "no checkpoint")),
         ("nodes", f"{trainer.nnodes} × {trainer.n_gpus_per_node} {'GPU' if is_gpu_run(config) else 'rank'}(s)"),
         ("memory", _plan(config)),
     ]  # fmt: skip
