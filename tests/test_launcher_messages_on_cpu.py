@@ -178,7 +178,7 @@ LONG_TEMPLATE = (
 )
 
 
-def test_prompts_longer_than_the_configured_length_are_refused(tiny_tokenizer, tmp_path):
+def test_prompts_longer_than_the_configured_length_are_refused(tiny_tokenizer, tmp_path, monkeypatch):
     """A tokenizer whose template adds a system prompt (as SmolLM2's does) makes 12-byte questions longer than 48
     tokens: refused, naming both lengths and the setting; verl's own filter (`filter_overlong_prompts`) drops
     exactly the prompts counted."""
@@ -214,6 +214,7 @@ def test_prompts_longer_than_the_configured_length_are_refused(tiny_tokenizer, t
     config.data.max_prompt_length = longest - 1  # only the long question is over
     assert "1 of 2 prompts" in prompt_length_problems(config)[0]
     verl_config = OmegaConf.create({**OmegaConf.to_container(config.data), "filter_overlong_prompts": True})
+    monkeypatch.setattr(os, "environ", os.environ)  # `datasets` (its num_proc filter) replaces os.environ: put it back
     assert len(RLHFDataset([str(data)], tokenizer, verl_config)) == 1  # verl drops the one counted
     config.data.filter_overlong_prompts = True  # verl drops them: allowed
     assert prompt_length_problems(config) == []
