@@ -1,9 +1,11 @@
 """`python -m rpg.launch <hydra overrides>`: verl 0.9.1's PPO entry point with every check done up front.
 
 The recipe launcher (`recipe/rpg/common.sh`, through `rpg.preflight.recipe_argv`) runs this module instead of
-`python -m verl.trainer.main_ppo`. It is a thin Hydra entry over the package's `rpg/config/rpg_trainer.yaml`: verl's own `ppo_trainer` config (from the installed
-`verl.trainer.config` package, so every key and default is verl's) plus the settings all RPG recipes share. Before
-any Ray process starts, it
+`python -m verl.trainer.main_ppo`. It is a thin Hydra entry over the package's `rpg/config/rpg_trainer.yaml`: verl's
+own `ppo_trainer` config (from the installed `verl.trainer.config` package, so every key and default is verl's) plus
+the settings all RPG recipes share. Before verl is imported (`rpg.preflight.early`: `--help`, an interpreter
+without verl, a misspelt loss_mode, adv_estimator or policy_loss option, each with the closest names and `--list`),
+and then before any Ray process starts, it
 
 1. builds the typed config dataclasses that verl's trainer and workers build later (actor, reference, rollout,
    model, algorithm, reward manager, checkpoint engine), so a misspelt `+key` or a bad value fails here instead of
@@ -12,14 +14,16 @@ any Ray process starts, it
 3. checks the recipe-level rules verl cannot know about (`validate_rpg`, `validate_recipe`: among them the context
    length against the model, run names, and a scorer for every data source and ground truth of the local data);
 4. checks that every local path exists (`check_paths`: model, data files, resume path): a dry run reports a missing
-   one on stderr, a real launch refuses it;
+   one on stderr, a real launch refuses it; and that every prompt of the local data, rendered with the model's chat
+   template, fits `data.max_prompt_length` (`rpg.preflight.prompts`);
 5. for a GPU run (`rpg.preflight.gpu`), prints the per-GPU memory plan in one line and refuses a plan over budget,
    and checks that this node has what a local launch needs (vLLM, flash-attn, the GPUs; a dry run only warns);
-6. then either prints the resolved config as YAML and exits (`RPG_DRY_RUN=1`, no Ray, a few seconds) or hands the
-   config to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one if `trainer.use_v1=False`), with one
-   addition for a run that selects a mode needing more than registered names (a frozen or periodic reference,
-   `grpo_wk3`, schedule-free): `RPG_INSTALL` in the Ray runtime environment (`rpg.install`, the one installation
-   point, run by the plugin entry point at `import verl` in every process).
+6. then either prints the resolved config as YAML and a summary (`rpg.preflight.summary`) and exits (`RPG_DRY_RUN=1`,
+   no Ray, a few seconds) or hands the config to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one
+   if `trainer.use_v1=False`), with one addition for a run that selects a mode needing more than registered names (a
+   frozen, periodic or EMA reference, an adaptive β, `grpo_wk3`, schedule-free): `RPG_INSTALL` in the Ray runtime
+   environment (`rpg.install`, the one installation point, run by the plugin entry point at `import verl` in every
+   process).
 
 `SMOKE=1` (`rpg.smoke`) appends the smoke overrides to the recipe's (2 steps, the smallest batch that fills every
 rank; verl's file log in `RPG_SMOKE_DIR`, default outputs/smoke), samples the GPUs' memory during the run and prints
@@ -114,7 +118,8 @@ def compose_and_validate(overrides: Sequence[str]) -> ValidatedConfig:
     return validate(compose_config(overrides))
 
 
-def dry_run_requested(environ=os.environ) -> bool:
+def dry_run_requested(environ=None) -> bool:
+    environ = os.environ if environ is None else environ  # read now: `datasets` (num_proc) replaces os.environ
     value = environ.get(DRY_RUN_ENV, "").strip().lower()
     if value not in _TRUE + _FALSE:
         raise RecipeConfigError(f"{DRY_RUN_ENV}={environ[DRY_RUN_ENV]!r} is not valid; use 1 (dry run) or 0")

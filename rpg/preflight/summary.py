@@ -24,10 +24,10 @@ def _loss(config: DictConfig) -> list[tuple[str, str]]:
     spec = loss_spec(str(pl.loss_mode))
     adv = f"advantage {config.algorithm.adv_estimator}"
     if spec is not None:
+        reference = str(pl.get("reference", "iterative"))
         rows = [("loss", f"{pl.loss_mode} ({spec.paper_row}), {adv}"),
                 ("beta", f"β = {pl.get('kl_coef', 1e-4):g} (policy_loss.kl_coef)"),
-                ("reference", str(pl.get("reference", "iterative")) + ("" if pl.get("reference", "iterative") != "iterative"
-                                                                        else " (π_ref = π_old, no reference model)"))]  # fmt: skip
+                ("reference", reference + (" (π_ref = π_old, no reference model)" * (reference == "iterative")))]
     else:
         kl = (f"verl's KL loss {actor.kl_loss_type}, coef {actor.kl_loss_coef:g}" if actor.use_kl_loss
               else "no KL loss") + (", KL in reward" if config.algorithm.use_kl_in_reward else "")  # fmt: skip
@@ -66,7 +66,8 @@ def summary_lines(config: DictConfig, refusals: Sequence[str], smoke: Optional[s
                     f"{'checked' if prompts is None else 'not checked: ' + prompts})"),
         ("batch", f"{data.train_batch_size} prompts × {rollout.n} responses, mini-batch {actor.ppo_mini_batch_size}, "
                   f"lr {actor.optim.lr:g}"),
-        ("steps", f"{steps_text}, validation every {trainer.test_freq}, checkpoint every {trainer.save_freq}"),
+        ("steps", f"{steps_text}, validation every {trainer.test_freq}, "
+                  + (f"checkpoint every {trainer.save_freq}" if trainer.save_freq > 0 else "no checkpoint")),
         ("nodes", f"{trainer.nnodes} × {trainer.n_gpus_per_node} {'GPU' if is_gpu_run(config) else 'rank'}(s)"),
         ("memory", _plan(config)),
     ]  # fmt: skip
