@@ -346,3 +346,16 @@ def test_async_without_rollout_is_is_flagged_as_uncorrected(base):
     assert async_correction_warning(corrected) is None
     bypass = cfg_with(base, trainer__v1__trainer_mode="colocate_async", algorithm__rollout_correction__bypass_mode=True)
     assert async_correction_warning(bypass) is None  # π_old := μ: exact for its own anchor (docs/async.md#bypass)
+
+
+def test_the_launcher_resolves_every_oc_env_before_ray(monkeypatch):
+    """`finish` (run by compose_config and by rpg.launch before any Ray process starts) replaces an `oc.env`
+    interpolation by the value of this shell: workers, other nodes and Ray jobs see that value, not their own."""
+    monkeypatch.setenv("RPG_TEST_PROJECT", "from-the-shell")
+    cfg = compose_config(["trainer.project_name=${oc.env:RPG_TEST_PROJECT,unset}",
+                          "data.val_files=['/d/\\${oc.env:HOME}/v.parquet']"])  # fmt: skip
+    monkeypatch.setenv("RPG_TEST_PROJECT", "a-worker's-value")
+    assert not OmegaConf.is_interpolation(cfg.trainer, "project_name")
+    assert cfg.trainer.project_name == "from-the-shell"
+    assert cfg.trainer.default_local_dir.endswith("/ckpts/from-the-shell/" + cfg.trainer.experiment_name)
+    assert list(cfg.data.val_files) == ["/d/${oc.env:HOME}/v.parquet"]  # an escaped `${` stays literal text
