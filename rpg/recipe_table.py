@@ -123,13 +123,15 @@ the paper trains synchronously. Generation runs one batch ahead of the update, s
 (μ ≠ π_old); π_old is recomputed by the actor and token-level TIS weights v̄ = min(π_old/μ, 2) correct the measure
 (docs/async.md#modes, docs/async.md#truncation). TRAINER_MODE in the environment wins (sync gives the paper's run
 plus TIS weights); OLD_LOGPROB=rollout is refused here, since bypass mode would ignore the TIS weights.""",
-           "setup=qwen3_4b_4k", *rpg("rpg_reinforce", "urkl", "1e-4"), "trainer.v1.trainer_mode=colocate_async", "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"),
+           "setup=qwen3_4b_4k", *rpg("rpg_reinforce", "urkl", "1e-4"), "trainer.v1.trainer_mode=colocate_async",
+           "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"),
     _recipe("4b/run_rpg_reinforce_urkl_4k_periodic.sh", """\
 RPG-REINFORCE-URKL with the paper's periodic reference — Qwen3-4B, 4K context. Paper §5 "Iterative reference
 updates": π_ref ← π_θ every K optimizer steps or when a moving average of the token KL exceeds κ (no values given;
 the authors' code only refreshes every training step). K = 64 here = every 4 training steps (16 updates each);
 set REF_REFRESH_STEPS / REF_REFRESH_KL in the environment. Not a paper table row: the scheme the paper describes.""",
-           "setup=qwen3_4b_4k", *rpg("rpg_reinforce", "urkl", "1e-4"), *reference("periodic"), "actor_rollout_ref.actor.policy_loss.ref_refresh_steps=64"),
+           "setup=qwen3_4b_4k", *rpg("rpg_reinforce", "urkl", "1e-4"), *reference("periodic"),
+           "actor_rollout_ref.actor.policy_loss.ref_refresh_steps=64"),
     _recipe("4b/run_rpg_reinforce_urkl_8k.sh", """\
 RPG-REINFORCE-URKL — Qwen3-4B, 8K context. Paper: Table 3, Fig. 4, row "RPG-REINFORCE-URKL".""",
            "setup=qwen3_4b_8k", *rpg("rpg_reinforce", "urkl", "1e-4")),
@@ -236,7 +238,8 @@ The authors' script #20 (docs/differences.md#authors-scripts); not reported in t
 The authors' run had β = 0 in effect (Algorithm 2 was never called, docs/differences.md#d1); this runs
 Algorithm 2 with the stated β = 1e-4, as the paper describes.
 Clip (0.1, 0.1): the clip ablation of Fig. 8 (the paper shows it for Qwen3-4B).""",
-           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "fkl", "1e-4"), *CLIP_0_1, *AUTHORS_REINFORCE, "optim=schedulefree"),
+           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "fkl", "1e-4"), *CLIP_0_1, *AUTHORS_REINFORCE,
+           "optim=schedulefree"),
     _recipe("7b/run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28.sh", """\
 RPG-REINFORCE-FKL (Algorithm 2, RPG-Style Clip) — Qwen2.5-Math-7B, 2K context.
 The authors' script #21 (docs/differences.md#authors-scripts); not reported in the paper.
@@ -303,7 +306,8 @@ The authors' script #32 (docs/differences.md#authors-scripts); not reported in t
 The authors' run had β = 0 in effect (Algorithm 2 was never called, docs/differences.md#d1); this runs
 Algorithm 2 with the stated β = 1e-4, as the paper describes.
 Clip (0.1, 0.1): the clip ablation of Fig. 8 (the paper shows it for Qwen3-4B).""",
-           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "rkl", "1e-4"), *CLIP_0_1, *AUTHORS_REINFORCE, "optim=schedulefree"),
+           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "rkl", "1e-4"), *CLIP_0_1, *AUTHORS_REINFORCE,
+           "optim=schedulefree"),
     _recipe("7b/run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28.sh", """\
 RPG-REINFORCE-RKL (Algorithm 2, RPG-Style Clip) — Qwen2.5-Math-7B, 2K context.
 The authors' script #33 (docs/differences.md#authors-scripts); not reported in the paper.
@@ -334,7 +338,8 @@ The authors' script #37 (docs/differences.md#authors-scripts); not reported in t
 The authors' run had β = 0 in effect (Algorithm 2 was never called, docs/differences.md#d1); this runs
 Algorithm 2 with the stated β = 1e-4, as the paper describes.
 Clip (0.1, 0.1): the clip ablation of Fig. 8 (the paper shows it for Qwen3-4B).""",
-           "setup=authors_7b_math", *rpg("rpg_reinforce", "rkl", "1e-4"), *CLIP_0_1, *AUTHORS_REINFORCE, "optim=schedulefree"),
+           "setup=authors_7b_math", *rpg("rpg_reinforce", "rkl", "1e-4"), *CLIP_0_1, *AUTHORS_REINFORCE,
+           "optim=schedulefree"),
     _recipe("7b/run_rpg_7b_rkl1e-4_schedulefree.sh", """\
 RPG-RKL (fully differentiable, RPG-Style Clip) — Qwen2.5-Math-7B, 2K context, schedule-free AdamW.
 The authors' script #38 (docs/differences.md#authors-scripts); not reported in the paper.""",
@@ -368,7 +373,8 @@ The authors' script #44 (docs/differences.md#authors-scripts); not reported in t
 The authors' run had β = 0 in effect (Algorithm 2 was never called, docs/differences.md#d1); this runs
 Algorithm 2 with the stated β = 1e-4, as the paper describes.
 Clip (0.1, 0.1): the clip ablation of Fig. 8 (the paper shows it for Qwen3-4B).""",
-           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "ufkl", "1e-4"), *CLIP_0_1, *AUTHORS_REINFORCE, "optim=schedulefree"),
+           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "ufkl", "1e-4"), *CLIP_0_1, *AUTHORS_REINFORCE,
+           "optim=schedulefree"),
     _recipe("7b/run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28.sh", """\
 RPG-REINFORCE-UFKL (Algorithm 2, RPG-Style Clip) — Qwen2.5-Math-7B, 2K context.
 The authors' script #45 (docs/differences.md#authors-scripts); not reported in the paper.
@@ -392,7 +398,8 @@ RPG-REINFORCE-UFKL (Algorithm 2, RPG-Style Clip) — Qwen2.5-7B-Instruct, 2K con
 The authors' script #48 (docs/differences.md#authors-scripts); not reported in the paper.
 The authors' run had β = 0 in effect (Algorithm 2 was never called, docs/differences.md#d1); this runs
 Algorithm 2 with the stated β = 1e-4, as the paper describes.""",
-           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "ufkl", "1e-4"), *AUTHORS_REINFORCE, "optim=schedulefree"),
+           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "ufkl", "1e-4"), *AUTHORS_REINFORCE,
+           "optim=schedulefree"),
     _recipe("7b/run_rpg_7b_ufkl1e-4_schedulefree.sh", """\
 RPG-UFKL (fully differentiable, RPG-Style Clip) — Qwen2.5-Math-7B, 2K context, schedule-free AdamW.
 The authors' script #49 (docs/differences.md#authors-scripts); not reported in the paper.""",
@@ -422,7 +429,8 @@ The authors' script #54 (docs/differences.md#authors-scripts); not reported in t
 The authors' run had β = 0 in effect (Algorithm 2 was never called, docs/differences.md#d1); this runs
 Algorithm 2 with the stated β = 1e-4, as the paper describes.
 Clip (0.1, 0.1): the clip ablation of Fig. 8 (the paper shows it for Qwen3-4B).""",
-           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "urkl", "1e-4"), *CLIP_0_1, *AUTHORS_REINFORCE, "optim=schedulefree"),
+           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "urkl", "1e-4"), *CLIP_0_1, *AUTHORS_REINFORCE,
+           "optim=schedulefree"),
     _recipe("7b/run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28.sh", """\
 RPG-REINFORCE-URKL (Algorithm 2, RPG-Style Clip) — Qwen2.5-Math-7B, 2K context.
 The authors' script #55 (docs/differences.md#authors-scripts); not reported in the paper.
@@ -446,7 +454,8 @@ RPG-REINFORCE-URKL (Algorithm 2, RPG-Style Clip) — Qwen2.5-7B-Instruct, 2K con
 The authors' script #58 (docs/differences.md#authors-scripts); not reported in the paper.
 The authors' run had β = 0 in effect (Algorithm 2 was never called, docs/differences.md#d1); this runs
 Algorithm 2 with the stated β = 1e-4, as the paper describes.""",
-           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "urkl", "1e-4"), *AUTHORS_REINFORCE, "optim=schedulefree"),
+           "setup=authors_7b_instruct", *rpg("rpg_reinforce", "urkl", "1e-4"), *AUTHORS_REINFORCE,
+           "optim=schedulefree"),
     _recipe("7b/run_rpg_7b_urkl1e-4_schedulefree.sh", """\
 RPG-URKL (fully differentiable, RPG-Style Clip) — Qwen2.5-Math-7B, 2K context, schedule-free AdamW.
 The authors' script #59 (docs/differences.md#authors-scripts); not reported in the paper.""",
@@ -456,20 +465,24 @@ RPG-URKL (fully differentiable, RPG-Style Clip) — Qwen2.5-7B-Instruct, 2K cont
 The authors' script #60 (docs/differences.md#authors-scripts); not reported in the paper.""",
            "setup=authors_7b_instruct", *rpg("rpg", "urkl", "1e-4"), "optim=schedulefree"),
     _recipe("cpu/run_dapo.sh", """\
-DAPO (clip-higher, dynamic sampling, overlong penalty, no KL) on the tiny CPU task (RPG_PROFILE=cpu: sizes and machine in rpg/config/profile/cpu.yaml).
-Build the model first: .venv/bin/python -m rpg.tools.tiny_model. Extra arguments are Hydra overrides.""",
+DAPO (clip-higher, dynamic sampling, overlong penalty, no KL)
+on the tiny CPU task (profile=cpu: sizes and machine in rpg/config/profile/cpu.yaml). Build the model first:
+.venv/bin/python -m rpg.tools.tiny_model. Extra arguments are Hydra overrides.""",
            "profile=cpu", "method=dapo"),
     _recipe("cpu/run_grpo.sh", """\
-GRPO (k3 KL loss against the frozen initial model, beta=1e-3) on the tiny CPU task (RPG_PROFILE=cpu: sizes and machine in rpg/config/profile/cpu.yaml).
-Build the model first: .venv/bin/python -m rpg.tools.tiny_model. Extra arguments are Hydra overrides.""",
+GRPO (k3 KL loss against the frozen initial model, beta=1e-3)
+on the tiny CPU task (profile=cpu: sizes and machine in rpg/config/profile/cpu.yaml). Build the model first:
+.venv/bin/python -m rpg.tools.tiny_model. Extra arguments are Hydra overrides.""",
            "profile=cpu", "method=grpo"),
     _recipe("cpu/run_rpg_reinforce_urkl.sh", """\
-RPG-REINFORCE-URKL (Algorithm 2, RPG-Style Clip, beta=1e-4, iterative reference) on the tiny CPU task (RPG_PROFILE=cpu: sizes and machine in rpg/config/profile/cpu.yaml).
-Build the model first: .venv/bin/python -m rpg.tools.tiny_model. Extra arguments are Hydra overrides.""",
+RPG-REINFORCE-URKL (Algorithm 2, RPG-Style Clip, beta=1e-4, iterative reference)
+on the tiny CPU task (profile=cpu: sizes and machine in rpg/config/profile/cpu.yaml). Build the model first:
+.venv/bin/python -m rpg.tools.tiny_model. Extra arguments are Hydra overrides.""",
            "profile=cpu", *rpg("rpg_reinforce", "urkl", "1e-4")),
     _recipe("cpu/run_rpg_ufkl.sh", """\
-RPG-UFKL (fully differentiable, Algorithm 1, beta=1e-4, iterative reference) on the tiny CPU task (RPG_PROFILE=cpu: sizes and machine in rpg/config/profile/cpu.yaml).
-Build the model first: .venv/bin/python -m rpg.tools.tiny_model. Extra arguments are Hydra overrides.""",
+RPG-UFKL (fully differentiable, Algorithm 1, beta=1e-4, iterative reference)
+on the tiny CPU task (profile=cpu: sizes and machine in rpg/config/profile/cpu.yaml). Build the model first:
+.venv/bin/python -m rpg.tools.tiny_model. Extra arguments are Hydra overrides.""",
            "profile=cpu", *rpg("rpg", "ufkl", "1e-4")),
 )  # fmt: skip
 

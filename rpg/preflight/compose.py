@@ -77,8 +77,8 @@ def _checkout() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-RESOLVERS = {"rpg.checkout": _checkout, "rpg.ktokens": _ktokens, "rpg.token_budget": _token_budget, "rpg.quarter": _quarter,
-             "rpg.data_files": _data_files}  # fmt: skip
+RESOLVERS = {"rpg.checkout": _checkout, "rpg.ktokens": _ktokens, "rpg.token_budget": _token_budget,
+             "rpg.quarter": _quarter, "rpg.data_files": _data_files}  # fmt: skip
 for _name, _fn in RESOLVERS.items():
     OmegaConf.register_new_resolver(_name, _fn, replace=True)
 

@@ -42,7 +42,8 @@ class Knob(NamedTuple):
 KNOBS = (
     Knob("MODEL_PATH", None, "actor_rollout_ref.model.path",
          "model directory or hub id (default: the setup's model, rpg/config/setup/)"),
-    Knob("DATA_DIR", "<checkout>/data", "recipe.data_dir", "folder of the parquet files (python -m rpg.tools.prepare_data)"),
+    Knob("DATA_DIR", "<checkout>/data", "recipe.data_dir",
+         "folder of the parquet files (python -m rpg.tools.prepare_data)"),
     Knob("TRAIN_FILE", None, "data.train_files",
          "one path, several one per line, or a Hydra list \"['a.parquet','b.parquet']\" (default: "
          "DATA_DIR/dapo-math-17k-eng.parquet)"),
@@ -53,7 +54,8 @@ KNOBS = (
     Knob("N_GPUS", "8", "trainer.n_gpus_per_node", "GPUs per node"),
     Knob("PROJECT_NAME", "rpg-verl", "trainer.project_name", "run name: project"),
     Knob("EXP_NAME", "the script's name", "trainer.experiment_name", "run name: experiment"),
-    Knob("RPG_PROFILE", "gpu", "profile", "gpu (the paper's setup) | cpu (the tiny CPU run; a script's own choice wins)"),
+    Knob("RPG_PROFILE", "gpu", "profile",
+         "gpu (the paper's setup) | cpu (the tiny CPU run; a script's own choice wins)"),
     Knob("OPTIM", "adamw", "optim", "adamw | schedulefree (a script's own choice wins)"),
     Knob("THINKING", None, "data.apply_chat_template_kwargs.enable_thinking",
          "Qwen3-4B setups only: false (default) | true, Qwen3's thinking mode"),
@@ -235,7 +237,8 @@ def cpu_profile(env: Dict[str, str], repo: str, checks: bool) -> Tuple[List[str]
     v = {name: env.get(name) or default for name, default in CPU_DEFAULTS.items()}
     v["CPU_MINI_BATCH"] = env.get("CPU_MINI_BATCH") or v["CPU_BATCH"]
     if not v["CPU_RANKS"].isdigit() or int(v["CPU_RANKS"]) < 1:
-        raise KnobError(f"CPU_RANKS='{v['CPU_RANKS']}' is not valid: give a whole number of ranks ≥ 1 (e.g. CPU_RANKS=2)")
+        raise KnobError(f"CPU_RANKS='{v['CPU_RANKS']}' is not valid: give a whole number of ranks ≥ 1 "
+                        "(e.g. CPU_RANKS=2)")
     ranks = int(v["CPU_RANKS"])
     batch, mini, n = (_whole(name, v[name]) for name in ("CPU_BATCH", "CPU_MINI_BATCH", "CPU_N"))
     for what, size, names in (("mini-batch", mini, "CPU_MINI_BATCH"), ("batch", batch, "CPU_BATCH")):
@@ -253,8 +256,8 @@ def cpu_profile(env: Dict[str, str], repo: str, checks: bool) -> Tuple[List[str]
     tiny = env.get("TINY_DIR") or f"{repo}/artifacts/tiny"
     model = env.get("MODEL_PATH") or f"{tiny}/model"
     if checks and not Path(model, "config.json").is_file():
-        raise KnobError(f"RPG_PROFILE=cpu: no model at {model}; build it with: .venv/bin/python -m rpg.tools.tiny_model "
-                        f"--out {tiny}")  # fmt: skip
+        raise KnobError(f"RPG_PROFILE=cpu: no model at {model}; build it with: "
+                        f".venv/bin/python -m rpg.tools.tiny_model --out {tiny}")
     out = [f"actor_rollout_ref.model.path={hydra_str(model)}",
            f"data.train_files={hydra_files(env.get('TRAIN_FILE') or f'{tiny}/train.parquet')}",
            f"data.val_files={hydra_files(env.get('TEST_FILE') or f'{tiny}/val.parquet')}",

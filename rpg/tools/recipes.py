@@ -24,7 +24,8 @@ SOURCE = 'source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"'
 def script_text(recipe: Recipe) -> str:
     """The script of a table row."""
     comment = "".join(f"# {line}".rstrip() + "\n" for line in recipe.comment.splitlines())
-    generated = "# Generated from rpg/recipe_table.py (python -m rpg.tools.recipes --write): edit the table, not this file.\n"
+    generated = ("# Generated from rpg/recipe_table.py (python -m rpg.tools.recipes --write): edit the table, not this "
+                 "file.\n")
     line = " ".join([SOURCE, *(shlex.quote(c) for c in recipe.choices), '"$@"'])
     return f"#!/usr/bin/env bash\n{comment}{generated}{line}\n"
 
