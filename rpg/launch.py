@@ -3,9 +3,10 @@
 The recipe launcher (`recipe/rpg/common.sh`, through `rpg.preflight.recipe_argv`) runs this module instead of
 `python -m verl.trainer.main_ppo`. It is a thin Hydra entry over the package's `rpg/config/rpg_trainer.yaml`: verl's
 own `ppo_trainer` config (from the installed `verl.trainer.config` package, so every key and default is verl's) plus
-the settings all RPG recipes share. Before verl is imported (`rpg.preflight.early`: `--help`, an interpreter
-without verl, a misspelt loss_mode, adv_estimator or policy_loss option, each with the closest names and `--list`),
-and then before any Ray process starts, it
+the settings all RPG recipes share and the recipe's config groups (setup, method, optim, profile). Before verl is
+imported (`rpg.preflight.early`: `--help`, an interpreter without verl, a misspelt loss_mode, adv_estimator or
+policy_loss option, each with the closest names and `--list`), and then before any Ray process starts, it resolves
+the recipe's variables and every `oc.env` in this process (`finish`), then it
 
 1. builds the typed config dataclasses that verl's trainer and workers build later (actor, reference, rollout,
    model, algorithm, reward manager, checkpoint engine), so a misspelt `+key` or a bad value fails here instead of
@@ -29,14 +30,14 @@ and then before any Ray process starts, it
 rank; verl's file log in `RPG_SMOKE_DIR`, default outputs/smoke), samples the GPUs' memory during the run and prints
 the smoke report after it; with `RPG_DRY_RUN=1` it prints the smoke config.
 
-`+key=value` overrides are treated as `++key=value` (add or override), so a key added by `common.sh` or the yaml (e.g.
+`+key=value` overrides are treated as `++key=value` (add or override), so a key added by a recipe or the yaml (e.g.
 `+actor_rollout_ref.actor.policy_loss.kl_coef`) can be set again by a script or on the command line; the RPG settings
 of `policy_loss` (kl_coef, reference, ...) may be given with or without the `+`.
 
 The checks live in `rpg.preflight`, one module per concept: `compose` (Hydra composition), `verl_configs` (verl's
 dataclasses and `validate_config`), `rpg_rules` (the loss rules), `recipe_rules` (recipe-level rules), `inputs`
 (paths, context length, data coverage), `gpu` (memory plan, engines, GPUs), `memory` (the plan's estimator);
-`recipe_argv` turns the recipe knobs into this module's command line and `ray_submit` submits it to a Ray cluster. This module reads top to bottom: compose → checks → dry run or launch.
+`recipe_argv` turns a recipe script's line and the environment knobs into this module's command line and `ray_submit` submits it to a Ray cluster. This module reads top to bottom: compose → checks → dry run or launch.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from rpg.preflight.compose import (  # noqa: F401,E402  (public names of rpg.lau
     POLICY_LOSS_PREFIX,
     RecipeConfigError,
     compose_config,
+    finish,
     normalise_overrides,
 )
 from rpg.preflight.gpu import check_gpu_launch  # noqa: E402
@@ -158,6 +160,7 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     smoke run then prints its report (`rpg.smoke.summarize`)."""
     from verl.utils.device import auto_set_device
 
+    finish(config)  # the recipe variables and every oc.env resolved here, before Ray (rpg.preflight.compose)
     auto_set_device(config)
     dry_run = dry_run_requested()
     validated = validate(config, real_launch=not dry_run)

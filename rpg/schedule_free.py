@@ -45,7 +45,7 @@ subclass (one new remote method, `set_schedule_free_weights`, plus `init_model`/
 extended); the trainer is a registered `PPOTrainerSync` subclass that uses verl's own validation hooks and swaps the
 worker class in ``_init_resource_pool_mgr``. No verl file or function is patched.
 
-Selecting it (``recipe/rpg/optim/schedulefree.sh`` does this; the optimizer gets verl's ``lr``, ``weight_decay`` and
+Selecting it (the group ``optim=schedulefree``, rpg/config/optim/schedulefree.yaml, does this; the optimizer gets verl's ``lr``, ``weight_decay`` and
 ``betas``, warm-up stays verl's LambdaLR as in the authors' scripts, AdamWScheduleFree's own ``warmup_steps`` keeps
 its default 0)::
 

@@ -15,7 +15,7 @@
 # Knobs (environment): CPU_STEPS (default 50), CPU_TEST_FREQ (10), CPU_SEED (0), CPU_LR (1e-4), CPU_MINI_BATCH (8), DEMO_OUT
 # (artifacts/demo), DEMO_VAL_N (4 samples per validation prompt), DEMO_EVAL_K (rpg-evaluate's k, default DEMO_VAL_N),
 # CPU_ROLLOUT (hf; vllm: verl's vLLM rollout, builds .venv-vllm first), CPU_DTYPE (fp32) and the other knobs of
-# recipe/rpg/cpu/profile.sh.
+# rpg/config/profile/cpu.yaml (sizes: rpg/preflight/recipe_argv.py, cpu_profile).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

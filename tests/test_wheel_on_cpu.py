@@ -1,6 +1,7 @@
 """The built wheel, installed non-editable, registers everything: `pip wheel` of the package, installed into a fresh
 virtualenv that sees this environment's dependencies but not its editable install of rpg-verl; then, in that
-interpreter, a plain `import verl` registers every RPG name, rpg_trainer.yaml is shipped and composes, and the console
+interpreter, a plain `import verl` registers every RPG name, rpg_trainer.yaml and every config group are shipped and
+compose, and the console
 scripts exist and run. (About a minute: one wheel build, one venv, one verl import.)"""
 
 from __future__ import annotations
@@ -30,10 +31,8 @@ PROBE = textwrap.dedent(
     import rpg
     from rpg.launch import CONFIG_DIR, compose_and_validate
     (dist,) = [d for d in md.distributions() if d.metadata["Name"] == "rpg-verl"]
-    cfg = compose_and_validate([
-        "actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_urkl", "algorithm.adv_estimator=rpg",
-        "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
-        "reward.reward_kwargs.overlong_buffer_cfg.enable=True", "reward.reward_kwargs.overlong_buffer_cfg.len=128",
+    cfg = compose_and_validate([  # a recipe of the shipped config groups
+        "setup=qwen3_4b_4k", "method=rpg_reinforce", "recipe.divergence=urkl", "recipe.beta=1e-4",
     ]).config
     scripts = {ep.name: ep.load().__module__ for ep in dist.entry_points if ep.group == "console_scripts"}
     print(json.dumps({
@@ -41,6 +40,7 @@ PROBE = textwrap.dedent(
         "plugin": [ep.value for ep in dist.entry_points if ep.group == "verl.plugins"],
         "files": sorted(str(f) for f in dist.files if f.suffix == ".yaml"),
         "n": cfg.actor_rollout_ref.rollout.n, "reward_manager": cfg.reward.reward_manager.name,
+        "loss": [cfg.actor_rollout_ref.actor.policy_loss.loss_mode, cfg.data.max_response_length],
     }))
     """
 )
@@ -86,8 +86,11 @@ def test_wheel_installs_and_registers_everything(tmp_path):
     got = json.loads(_run([python, "-c", PROBE], cwd=tmp_path).stdout.strip().splitlines()[-1])
     assert (got["losses"], got["adv"]) == (EXPECTED_LOSSES, ["rpg", "rpg_batchmean"])
     assert Path(got["rpg_file"]).is_relative_to(site) and Path(got["config_dir"]).is_relative_to(site)
-    assert got["plugin"] == ["rpg.verl_plugin"] and got["files"] == ["rpg/config/rpg_trainer.yaml"]
+    shipped = sorted(str(p.relative_to(REPO)) for p in (REPO / "rpg" / "config").rglob("*.yaml"))
+    assert len(shipped) > 1 and {Path(f).parent.name for f in shipped} >= {"setup", "method", "optim", "profile"}
+    assert got["plugin"] == ["rpg.verl_plugin"] and got["files"] == shipped  # every config group folder
     assert (got["n"], got["reward_manager"]) == (16, "dapo")  # rpg_trainer.yaml over verl's ppo_trainer
+    assert got["loss"] == ["rpg_reinforce_urkl", 4096]  # the groups compose from the installed wheel
     assert got["scripts"] == {
         "rpg-prepare-data": "rpg.tools.prepare_data", "rpg-report": "rpg.tools.report",
         "rpg-tiny-model": "rpg.tools.tiny_model", "rpg-evaluate": "rpg.tools.evaluate",

@@ -13,7 +13,7 @@ inherits::
 `rpg.cpu.sampler`     a v1 replay buffer without the fixed 2 s poll (``trainer.v1.sampler.custom_sampler``).
 `rpg.cpu.progress`    a console filter printing one line per training step (scripts/demo_cpu.sh).
 
-The CPU profile of the launcher (recipe/rpg/cpu/profile.sh) sets all of this up.
+The CPU profile of the launcher (rpg/config/profile/cpu.yaml and rpg/preflight/recipe_argv.py) sets all of this up.
 
 Importing this package itself has no side effects.
 """

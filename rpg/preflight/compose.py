@@ -4,6 +4,7 @@ recipe shares) with Hydra overrides, in-process, and the error every pre-launch 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -48,13 +49,106 @@ def normalise_overrides(overrides: Sequence[str]) -> list[str]:
     return [normalised(o) for o in overrides]
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# The recipes' derived values (one place): resolvers of rpg_trainer.yaml, evaluated by `finish` before any check
+# ------------------------------------------------------------------------------------------------------------------
+def _ktokens(ctx) -> int:
+    """Context `ctx` in K tokens → tokens (paper App. H: max prompt = max response = ctx × 1024)."""
+    return int(ctx) * 1024
+
+
+def _token_budget(factor, prompt, response) -> int:
+    """Per-GPU token budget of the dynamic batch size: factor × (prompt + response) (docs/differences.md#d14)."""
+    return int(factor) * (int(prompt) + int(response))
+
+
+def _quarter(response) -> int:
+    """DAPO's overlong buffer: the last quarter of the response (docs/differences.md#s7-4)."""
+    return int(response) // 4
+
+
+def _data_files(folder, names) -> list:
+    """`<folder>/<name>.parquet` for each name."""
+    return [f"{folder}/{n}.parquet" for n in names]
+
+
+def _checkout() -> str:
+    """The folder that holds the `rpg` package (the repository in a checkout)."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+RESOLVERS = {"rpg.checkout": _checkout, "rpg.ktokens": _ktokens, "rpg.token_budget": _token_budget,
+             "rpg.quarter": _quarter, "rpg.data_files": _data_files}  # fmt: skip
+for _name, _fn in RESOLVERS.items():
+    OmegaConf.register_new_resolver(_name, _fn, replace=True)
+
+RECIPE_NODE = "recipe"  # the recipe's own variables (ctx, divergence, β, ...): rpg_trainer.yaml, dropped by `finish`
+#: Interpolations `finish` resolves in place: the recipe variables, the resolvers above, the environment.
+_PINNED = (RECIPE_NODE + ".", "rpg.", "oc.env", "oc.decode")
+
+
+def _literal(value):
+    """`value` (a resolved value) as OmegaConf stores it literally: `${` in a string escaped (k backslashes before it
+    become 2k + 1, OmegaConf 2.3's grammar), so a path such as '/d/${x}' stays that string."""
+    if isinstance(value, str):
+        return re.sub(r"(\\*)\$\{", lambda m: m[1] * 2 + "\\${", value)
+    if isinstance(value, (list, tuple)):
+        return [_literal(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _literal(v) for k, v in value.items()}
+    return value
+
+
+def _pin(node) -> None:
+    from omegaconf import ListConfig
+    from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
+
+    keys = range(len(node)) if isinstance(node, ListConfig) else list(node.keys())
+    for key in keys:
+        child = node._get_node(key)
+        if isinstance(child, (DictConfig, ListConfig)) and not OmegaConf.is_interpolation(node, key):
+            _pin(node[key])
+            continue
+        raw = child._value()
+        # a real interpolation that reads a pinned name (escaped `\${` is literal text, as in a path)
+        live = re.sub(r"\\\$\{", "", raw) if isinstance(raw, str) else ""
+        if "${" in live and any(token in live for token in _PINNED):
+            try:
+                value = OmegaConf.to_container(node[key], resolve=True) if OmegaConf.is_config(node[key]) \
+                    else node[key]  # fmt: skip
+            except (MissingMandatoryValue, InterpolationToMissingValueError):
+                continue  # a `???` it reads: left for the checks, which name the missing key
+            node[key] = _literal(value)  # the resolved value, read in this process
+
+
+def finish(config: DictConfig) -> DictConfig:
+    """The config verl receives, from a composed recipe: every value that reads the recipe variables, the resolvers
+    above or the environment (`oc.env`) resolved here, in the launcher, before any Ray process starts (workers, other
+    nodes and RAY_ADDRESS jobs see the values of the user's shell); the `recipe` node dropped; an RPG loss (decided by
+    the loss table, `rpg.loss_table`), or a policy loss given RPG settings (kl_coef, reference, ...: the RPG rules
+    then name what is wrong, e.g. a loss mode that is not in the table), gets its config class
+    `rpg.RPGPolicyLossConfig`. Idempotent."""
+    from omegaconf import open_dict
+
+    from rpg.loss_table import is_rpg_loss
+
+    _pin(config)
+    with open_dict(config):
+        config.pop(RECIPE_NODE, None)
+    policy_loss = config.actor_rollout_ref.actor.policy_loss
+    if is_rpg_loss(str(policy_loss.loss_mode)) or set(policy_loss.keys()) & _rpg_only_fields():
+        if not str(policy_loss.get("_target_", "")).startswith("rpg."):
+            policy_loss._target_ = "rpg.RPGPolicyLossConfig"
+    return config
+
+
 def compose_config(overrides: Sequence[str]) -> DictConfig:
-    """Compose `rpg_trainer` (verl's `ppo_trainer` + the recipes' shared settings) with `overrides`, in-process
-    (Hydra's compose API, no run directory)."""
+    """Compose `rpg_trainer` (verl's `ppo_trainer` + the recipes' shared settings + the chosen groups) with
+    `overrides`, in-process (Hydra's compose API, no run directory), and `finish` it as the launcher does."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name=CONFIG_NAME, overrides=normalise_overrides(overrides))
+        return finish(compose(config_name=CONFIG_NAME, overrides=normalise_overrides(overrides)))
 
 
 def _detached(node: DictConfig) -> DictConfig:

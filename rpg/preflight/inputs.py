@@ -18,11 +18,11 @@ RECIPE_KNOBS = {
     "actor_rollout_ref.model.path": "MODEL_PATH",
     "data.train_files": "TRAIN_FILE",
     "data.val_files": "TEST_FILE",
-    "data.max_prompt_length": "PROMPT_LEN, default CTX*1024",
-    "data.max_response_length": "RESPONSE_LEN, default CTX*1024",
+    "data.max_prompt_length": "the setup's context, recipe.ctx",
+    "data.max_response_length": "the setup's context, recipe.ctx",
     "trainer.project_name": "PROJECT_NAME",
     "trainer.experiment_name": "EXP_NAME",
-    "data.apply_chat_template_kwargs.enable_thinking": "THINKING, Qwen3-4B scripts",
+    "data.apply_chat_template_kwargs.enable_thinking": "THINKING, Qwen3-4B setups",
 }
 RESUME_MODES = ("auto", "disable", "resume_path")  # verl 0.9.1 `_load_checkpoint`
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # hdfs://, s3://, hf://...: fetched by verl or fsspec, not checked

@@ -22,17 +22,18 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
+from rpg.preflight import recipe_argv as ra
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipe" / "rpg"
 PROFILES = ("7b", "4b", "cpu")
-#: Environment knobs a developer may have exported: cleared so that each script's own defaults apply.
+#: Environment knobs a developer may have exported: cleared so that each script's own defaults apply (the launcher's
+#: knobs, the former script settings it refuses, the CPU profile's sizes, and the launch switches).
 CLEARED = (
-    "MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR DATA_DIR TINY_DIR NNODES N_GPUS PROJECT_NAME EXP_NAME RAY_ADDRESS "
-    "RPG_DRY_RUN RPG_PROFILE OPTIM THINKING PYTHON RPG_PRINT_ARGV RPG_OPTIM_DIR VERL_USE_EXTERNAL_MODULES RPG_JOB_ENV "
-    "RPG_RAY_FOLLOW RPG_RAY_JOB_ID RPG_SHARED_CKPT CPU_STEPS CPU_BATCH CPU_N CPU_LR CPU_MINI_BATCH CPU_TEST_FREQ "
-    "CPU_RESPONSE_LEN CPU_SEED CPU_ROLLOUT CPU_DTYPE CPU_RANKS VERL_PLATFORM VERL_ENGINE_DEVICE SMOKE RPG_SMOKE_DIR "
-    "GPU_MEMORY_GIB"
-).split()
+    *ra.KNOB_NAMES, *ra.REFUSED, *ra.CPU_DEFAULTS,
+    *"TINY_DIR RAY_ADDRESS RPG_DRY_RUN PYTHON RPG_PRINT_ARGV VERL_USE_EXTERNAL_MODULES RPG_JOB_ENV RPG_RAY_FOLLOW "
+    "RPG_RAY_JOB_ID RPG_SHARED_CKPT VERL_PLATFORM VERL_ENGINE_DEVICE SMOKE RPG_SMOKE_DIR GPU_MEMORY_GIB".split(),
+)
 
 
 def recipe_env(**extra: str) -> dict[str, str]:

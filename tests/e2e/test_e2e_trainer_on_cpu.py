@@ -1,7 +1,7 @@
 """End to end on CPU: verl 0.9.1's unmodified trainer with the RPG plugin, through the project's own launcher, run
 locally and submitted to a real Ray cluster.
 
-`recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` (common.sh + the CPU profile -> `python -m rpg.launch` -> verl's
+`recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` (common.sh -> the CPU profile -> `python -m rpg.launch` -> verl's
 `run_ppo`; the "hf" rollout, DAPO group filtering) runs RPG-REINFORCE-URKL with the `rpg` advantage estimator on the
 tiny model: 2 steps of four prompts × four samples (so DAPO evicts and refills groups), two mini-batches per step,
 validation before training and after step 2 (32 held-out prompts, 2 samples each), a checkpoint at step 2. Two

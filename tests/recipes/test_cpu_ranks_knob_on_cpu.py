@@ -1,4 +1,5 @@
-"""CPU_RANKS (recipe/rpg/cpu/profile.sh): N FSDP ranks on CPU, the analogue of N_GPUS; bad values refused up front.
+"""CPU_RANKS (the CPU profile, rpg/preflight/recipe_argv.py `cpu_profile`): N FSDP ranks on CPU, the analogue of
+N_GPUS; bad values refused up front.
 
 The launcher's print mode (RPG_PRINT_ARGV=1, no Python start) shows the final overrides: CPU_RANKS=N sets verl's
 `trainer.n_gpus_per_node=N`, asks Ray for N fake GPUs (local runs only: with RAY_ADDRESS the cluster provides its

@@ -1,4 +1,5 @@
-"""CPU_ROLLOUT (hf | vllm) and CPU_DTYPE (fp32 | bf16) of the CPU profile (recipe/rpg/cpu/profile.sh), in the
+"""CPU_ROLLOUT (hf | vllm) and CPU_DTYPE (fp32 | bf16) of the CPU profile (rpg/config/profile/cpu.yaml and the
+launcher's `cpu_profile`, rpg/preflight/recipe_argv.py), in the
 launcher's print mode (no verl import): the overrides, the interpreter and the modules every process
 imports; bad values and a missing .venv-vllm fail early with the fix."""
 
@@ -42,7 +43,10 @@ def last(argv: list[str], key: str) -> str | None:
 def test_default_is_the_hf_rollout_in_fp32():
     data = printed()
     argv, modules = data["argv"], data["env"]["VERL_USE_EXTERNAL_MODULES"]
-    assert last(argv, "actor_rollout_ref.rollout.name") == "hf"
+    assert last(argv, "actor_rollout_ref.rollout.name") is None  # the profile's own backend:
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.load(RECIPE.parents[1] / "rpg/config/profile/cpu.yaml").actor_rollout_ref.rollout.name == "hf"
     assert last(argv, "actor_rollout_ref.actor.fsdp_config.mixed_precision") == FP32
     assert modules == "rpg.cpu.platform,rpg.cpu.hf_rollout,rpg.verl_plugin"
     assert last(argv, "actor_rollout_ref.rollout.enable_sleep_mode") is None

@@ -13,6 +13,7 @@ few real `RPG_DRY_RUN=1 bash <script>` runs cover the shell → `python -m rpg.l
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import stat
 import sys
@@ -40,86 +41,53 @@ from rpg.tools import dry_run_digest as dd
 
 pytestmark = pytest.mark.slow  # a minute or more (every script composed once): scheduled first (tests/conftest.py)
 
-# The authors' 60 scripts (docs/differences.md#authors-scripts), in our terms:
-# one Row per script; β None: not an RPG loss; kl: verl's KL loss (type, coef) or None; factor: token budget × (P+R)
+# The authors' 60 scripts as docs/differences.md#authors-scripts documents them (script, model, optimizer, lr, clip,
+# family): every script's composed config is checked against that table, so the docs and the recipes agree.
+DOCS = REPO / "docs" / "differences.md"
+MODELS = {"Math-7B": "Qwen/Qwen2.5-Math-7B", "7B-Instruct": "Qwen/Qwen2.5-7B-Instruct"}
+OPTIMS = {"AdamW": "adamw", "schedule-free": "schedulefree"}
+
+
 class Row(NamedTuple):
     file: str
-    adv: str
-    loss: str
-    beta: Optional[float]
-    low: float
-    high: float
-    lr: float
-    kl: Optional[tuple]
-    dynamic: bool
-    overlong: bool
     model: str
-    factor: int
     optim: str
+    lr: float
+    clip: tuple
+    family: str
 
 
-AUTHORS_7B = [Row(*r) for r in [
-    ("run_dapo_7b.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
-    ("run_dapo_7b_schedulefree.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
-    ("run_dapo_7b_schedulefree_7binstruct.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
-    ("run_dapo_7binstruct.sh", "grpo", "vanilla", None, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
-    ("run_grpo_7b.sh", "grpo", "vanilla", None, 0.2, 0.2, 1e-06, ("low_var_kl", 0.001), False, False, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
-    ("run_grpo_7b_7binstruct.sh", "grpo", "vanilla", None, 0.2, 0.2, 1e-06, ("low_var_kl", 0.001), False, False, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
-    ("run_grpo_7b_schedulefree.sh", "grpo", "vanilla", None, 0.2, 0.2, 1e-06, ("low_var_kl", 0.001), False, False, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
-    ("run_grpo_7b_schedulefree_7binstruct.sh", "grpo", "vanilla", None, 0.2, 0.2, 1e-06, ("low_var_kl", 0.001), False, False, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
-    ("run_rfpp_7b_1e-4.sh", "reinforce_plus_plus", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
-    ("run_rfpp_7b_1e-4_7binstruct.sh", "reinforce_plus_plus", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
-    ("run_rfpp_7b_1e-4_schedulefree.sh", "reinforce_plus_plus", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
-    ("run_rfpp_7b_1e-4_schedulefree_7binstruct.sh", "reinforce_plus_plus", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
-    ("run_rfppb_7b_1e-4.sh", "reinforce_plus_plus_baseline", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
-    ("run_rfppb_7b_1e-4_7binstruct.sh", "reinforce_plus_plus_baseline", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
-    ("run_rfppb_7b_1e-4_schedulefree.sh", "reinforce_plus_plus_baseline", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
-    ("run_rfppb_7b_1e-4_schedulefree_7binstruct.sh", "reinforce_plus_plus_baseline", "vanilla", None, 0.2, 0.28, 1e-06, ("kl", 0.0001), True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
-    ("run_rpg_7b_fkl1e-4.sh", "rpg", "rpg_fkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
-    ("run_rpg_7b_fkl1e-4_7binstruct.sh", "rpg", "rpg_fkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
-    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.1_0.1_7binstruct.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
-    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.1_0.1_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
-    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "adamw"),
-    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28_7binstruct.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
-    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "schedulefree"),
-    ("run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_fkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
-    ("run_rpg_7b_fkl1e-4_schedulefree.sh", "rpg", "rpg_fkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
-    ("run_rpg_7b_fkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_fkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
-    ("run_rpg_7b_rkl1e-4.sh", "rpg", "rpg_rkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
-    ("run_rpg_7b_rkl1e-4_7binstruct.sh", "rpg", "rpg_rkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
-    ("run_rpg_7b_rkl1e-4_rf.sh", "rpg", "rpg_reinforce_hardclip_rkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
-    ("run_rpg_7b_rkl1e-4_rf_clip_ppo.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "adamw"),
-    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.1_0.1_7binstruct.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
-    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.1_0.1_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
-    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "adamw"),
-    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28_7binstruct.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
-    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "schedulefree"),
-    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
-    ("run_rpg_7b_rkl1e-4_rf_clip_ppo_schedulefree.sh", "rpg", "rpg_reinforce_rkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "schedulefree"),
-    ("run_rpg_7b_rkl1e-4_schedulefree.sh", "rpg", "rpg_rkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
-    ("run_rpg_7b_rkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_rkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
-    ("run_rpg_7b_schedulefree.sh", "rpg", "rpg_ufkl", 0.0, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
-    ("run_rpg_7b_ufkl1e-4.sh", "rpg", "rpg_ufkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
-    ("run_rpg_7b_ufkl1e-4_7binstruct.sh", "rpg", "rpg_ufkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
-    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.1_0.1_7binstruct.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
-    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.1_0.1_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
-    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "adamw"),
-    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28_7binstruct.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
-    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "schedulefree"),
-    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_ufkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
-    ("run_rpg_7b_ufkl1e-4_schedulefree.sh", "rpg", "rpg_ufkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
-    ("run_rpg_7b_ufkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_ufkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
-    ("run_rpg_7b_urkl1e-4.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "adamw"),
-    ("run_rpg_7b_urkl1e-4_7binstruct.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "adamw"),
-    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.1_0.1_7binstruct.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
-    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.1_0.1_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.1, 0.1, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
-    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "adamw"),
-    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_7binstruct.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "adamw"),
-    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-Math-7B", 4, "schedulefree"),
-    ("run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct.sh", "rpg", "rpg_reinforce_urkl", 0.0001, 0.2, 0.28, 5e-07, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 4, "schedulefree"),
-    ("run_rpg_7b_urkl1e-4_schedulefree.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-Math-7B", 1, "schedulefree"),
-    ("run_rpg_7b_urkl1e-4_schedulefree_7binstruct.sh", "rpg", "rpg_urkl", 0.0001, 0.2, 0.28, 1e-06, None, True, True, "Qwen/Qwen2.5-7B-Instruct", 1, "schedulefree"),
-]]  # fmt: skip
+def _authors_rows() -> list[Row]:
+    text = DOCS.read_text()
+    section = text[text.index('<a id="authors-scripts"></a>') :]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 8 and cells[0].isdigit():
+            low, high = (float(x) for x in cells[6].split("/"))
+            rows.append(Row(cells[1].strip("`"), MODELS[cells[3]], OPTIMS[cells[4]], float(cells[5]), (low, high),
+                            cells[7]))  # fmt: skip
+    return rows
+
+
+AUTHORS_7B = _authors_rows()
+
+
+def _family(row: Row) -> tuple:
+    """(adv, loss, β, verl KL loss, dynamic sampling, overlong, token-budget factor) of a docs family row; the
+    divergence from the script's name (`rpg_7b_<div>1e-4`)."""
+    div = re.match(r"run_rpg_7b_([a-z]+)1e-4", row.file)[1] if row.family in "FRH" else None
+    return {
+        "D": ("grpo", "vanilla", None, None, True, True, 1),
+        "G": ("grpo", "vanilla", None, ("low_var_kl", 1e-3), False, False, 1),
+        "P": ("reinforce_plus_plus" + ("_baseline" if row.file.startswith("run_rfppb") else ""), "vanilla", None,
+              ("kl", 1e-4), True, True, 1),
+        "F": ("rpg", f"rpg_{div}", 1e-4, None, True, True, 1),
+        "Z": ("rpg", "rpg_ufkl", 0.0, None, True, True, 1),
+        "R": ("rpg", f"rpg_reinforce_{div}", 1e-4, None, True, True, 4),
+        "H": ("rpg", f"rpg_reinforce_hardclip_{div}", 1e-4, None, True, True, 1),
+    }[row.family]  # fmt: skip
+
 
 # The paper's Qwen3-4B runs (paper App. H, Tables 3, 5–7): method stem → (adv_estimator, loss_mode, β, clip low/high,
 # verl KL loss, dynamic sampling, overlong). Every method exists at 2K, 4K and 8K (`run_<stem>_<ctx>k.sh`).
@@ -171,9 +139,13 @@ def _check(cfg, adv, loss, beta, clip, kl, dynamic, overlong):
 
 
 # --------------------------------------------------------------------------------------------------------------
-def test_the_authors_60_script_names_exist():
-    assert len(AUTHORS_7B) == 60
-    assert sorted(p.name for p in SCRIPTS_7B) == sorted(row.file for row in AUTHORS_7B)
+def test_the_authors_scripts_are_the_documented_ones():
+    """recipe/rpg/7b/ holds exactly the scripts docs/differences.md#authors-scripts numbers, in its order."""
+    from rpg.recipe_table import AUTHORS_7B as TABLE
+
+    numbered = [row.file for row in AUTHORS_7B]
+    assert numbered == sorted(numbered), "the docs number the scripts in alphabetical order"
+    assert sorted(p.name for p in SCRIPTS_7B) == numbered == sorted(r.path.split("/")[1] for r in TABLE)
 
 
 def test_every_4b_paper_row_has_a_script():
@@ -240,27 +212,25 @@ def test_every_gpu_recipe_plans_within_80_gib(script, capsys):
 
 # ---- the schedule-free scripts (rpg/schedule_free.py; docs/schedule-free.md) -------------------------------------
 SF_SCRIPTS = [p for p in ALL_SCRIPTS if _is_schedulefree(p)]
-SF_EXPECTED = [
-    "actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",
-    "actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree",
-    "trainer.use_v1=True",
-    f"trainer.v1.trainer_mode={sfm.TRAINER_MODE}",
-]
+SF_EXPECTED = {"optimizer_impl": "schedulefree", "optimizer": "AdamWScheduleFree", "use_v1": True,
+               "trainer_mode": sfm.TRAINER_MODE}  # fmt: skip
 
 
 def test_the_authors_schedule_free_scripts_exist():
-    assert len([p for p in SF_SCRIPTS if p.parent.name == "7b"]) == 30  # 30 of docs/differences.md#authors-scripts
+    documented = sorted(row.file for row in AUTHORS_7B if row.optim == "schedulefree")  # docs/differences.md
+    assert sorted(p.name for p in SF_SCRIPTS if p.parent.name == "7b") == documented and documented
 
 
 @pytest.mark.parametrize("script", SF_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_schedule_free_script_selects_optimizer_trainer_and_module(script):
     argv = printed(script)["argv"]
-    for override in SF_EXPECTED:
-        assert override in argv
-    # nothing after the optimizer block switches back to AdamW or to another trainer
-    last = {a.split("=", 1)[0]: a for a in argv[3:]}
-    assert all(last[o.split("=", 1)[0]] == o for o in SF_EXPECTED)
+    assert "optim=schedulefree" in argv  # the group (rpg/config/optim/schedulefree.yaml)
     v = validated(script)
+    # nothing after the group switches back to AdamW or to another trainer
+    cfg = v.config
+    got = {"optimizer_impl": cfg.actor_rollout_ref.actor.optim.optimizer_impl, "use_v1": cfg.trainer.use_v1,
+           "optimizer": cfg.actor_rollout_ref.actor.optim.optimizer, "trainer_mode": cfg.trainer.v1.trainer_mode}
+    assert got == SF_EXPECTED
     assert sfm.check_config(v.config) is True
     assert "schedule_free" in v.install  # every process of the run registers the trainer (rpg.install)
     optim = v.actor.optim
@@ -269,11 +239,12 @@ def test_schedule_free_script_selects_optimizer_trainer_and_module(script):
 
 
 @pytest.mark.parametrize("row", AUTHORS_7B, ids=lambda r: r.file)
-def test_7b_values_match_spec_table(row: Row):
-    name, adv, loss, beta, low, high, lr, kl, dynamic, overlong, model, factor, optim = row
+def test_7b_values_match_the_documented_table(row: Row):
+    name, model, optim, lr = row.file, row.model, row.optim, row.lr
+    adv, loss, beta, kl, dynamic, overlong, factor = _family(row)
     script = RECIPE / "7b" / name
     cfg = validated(script).config
-    _check(cfg, adv, loss, beta, (low, high), kl, dynamic, overlong)
+    _check(cfg, adv, loss, beta, row.clip, kl, dynamic, overlong)
     actor = cfg.actor_rollout_ref.actor
     assert actor.optim.lr == lr
     assert cfg.actor_rollout_ref.model.path == model
@@ -399,7 +370,7 @@ def test_bad_thinking_value_is_refused_before_launch(value: str):
 
 def test_thinking_knob_is_refused_outside_the_4b_scripts():
     proc = run_script(RECIPE / "7b" / "run_dapo_7b.sh", RPG_PRINT_ARGV="1", THINKING="true")
-    assert proc.returncode == 2 and "THINKING" in proc.stderr and "setup_qwen3_4b" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "THINKING" in proc.stderr and "setup=qwen3_4b" in proc.stderr, proc.stderr
 
 
 # The branch of Qwen3's chat template that `enable_thinking` selects (written here; nothing is downloaded): the
@@ -540,41 +511,58 @@ def test_overrides_can_reset_keys_common_sh_added():
 # --------------------------------------------------------------------------------------------------------------
 # Shell-level behaviour (bash only, fast)
 # --------------------------------------------------------------------------------------------------------------
-def _script(tmp_path: Path, body: str) -> Path:
-    """A throwaway experiment script in recipe/rpg/<tmp>/ layout: it sources the real common.sh."""
-    p = tmp_path / "run_probe.sh"
-    p.write_text(f'source "{RECIPE}/common.sh"\n{body}\nrpg_run "$@"\n')
+def _script(tmp_path: Path, choices: str) -> Path:
+    """A throwaway experiment script in recipe/rpg/<tmp>/ layout: it sources the real common.sh with `choices`."""
+    p = tmp_path / "probe" / "run_probe.sh"
+    p.parent.mkdir(exist_ok=True)
+    p.write_text(f'source "{RECIPE}/common.sh" {choices} "$@"\n')
     return p
 
 
 @pytest.mark.parametrize(
-    "env, body, needle",
+    "env, needle",
     [
-        ({}, "preset_rpg_reinforce kl", "divergence 'kl' is not valid; choose one of: fkl rkl ufkl urkl"),
-        ({}, "setup_qwen3_4b 3", "choose one of: 2 4 8"),
-        ({}, "setup_authors_7b base", "choose one of: math instruct"),
-        ({"RPG_PROFILE": "tpu"}, "", "RPG_PROFILE='tpu' is not valid; choose one of: gpu cpu"),
-        ({"OPTIM": "sgd"}, "", "OPTIM='sgd' is not valid; choose one of: adamw schedulefree"),
-        ({"RPG_OPTIM_DIR": "/nonexistent"}, "OPTIM=schedulefree", "OPTIM=schedulefree needs /nonexistent/schedulefree.sh"),
+        ({"RPG_PROFILE": "tpu"}, "RPG_PROFILE='tpu' is not valid; choose one of: gpu cpu"),
+        ({"OPTIM": "sgd"}, "OPTIM='sgd' is not valid; choose one of: adamw schedulefree"),
+        ({"CTX": "8"}, "CTX exported"),
     ],
 )
-def test_shell_errors_are_clear(tmp_path: Path, env: dict, body: str, needle: str):
-    proc = run_script(_script(tmp_path, body), RPG_PRINT_ARGV="1", **env)
+def test_launcher_errors_are_clear(tmp_path: Path, env: dict, needle: str):
+    proc = run_script(_script(tmp_path, "method=dapo"), RPG_PRINT_ARGV="1", **env)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize(
+    "choices, needle",
+    [
+        (["method=rpg_reinforce", "recipe.divergence=kl", "recipe.beta=1e-4"], "rpg_reinforce_urkl"),
+        (["setup=qwen3_4b_3k"], "qwen3_4b_4k"),  # Hydra lists the group's options
+        (["setup=authors_7b_base"], "authors_7b_instruct"),
+        (["optim=sgd"], "schedulefree"),
+        (["method=rpg", "recipe.divergence=ufkl"], "recipe.beta"),  # β is the method's: never silently a default
+    ],
+)
+def test_bad_group_choices_are_refused_before_launch(choices: list, needle: str):
+    from rpg.launch import compose_and_validate
+
+    base = overrides(RECIPE / "cpu" / "run_dapo.sh")
+    with pytest.raises(Exception) as info:
+        compose_and_validate(base + choices)
+    message = f"{info.value} {info.value.__cause__!r}"
+    assert needle in message, message
+
+
 def test_order_of_overrides_and_plugin_env(tmp_path: Path):
-    """rpg_trainer.yaml < common.sh < script (RPG_SCRIPT_OVERRIDES) < command line; the plugin is loaded by every
-    process."""
+    """rpg_trainer.yaml < the groups < the script's line < command line; the plugin is loaded by every process."""
     from rpg.launch import compose_config
 
-    body = 'preset_dapo\nRPG_SCRIPT_OVERRIDES=(actor_rollout_ref.actor.optim.lr=2e-6 trainer.test_freq=5)'
-    proc = run_script(_script(tmp_path, body), "actor_rollout_ref.actor.optim.lr=3e-6", RPG_PRINT_ARGV="1",
+    script = _script(tmp_path, "method=dapo actor_rollout_ref.actor.optim.lr=2e-6 trainer.test_freq=5")
+    proc = run_script(script, "actor_rollout_ref.actor.optim.lr=3e-6", RPG_PRINT_ARGV="1",
                       VERL_USE_EXTERNAL_MODULES="rpg.cpu.platform")  # fmt: skip
     data = json.loads(proc.stdout)
     lr = [a.split("=")[1] for a in data["argv"] if a.startswith("actor_rollout_ref.actor.optim.lr=")]
-    assert lr == ["1e-6", "2e-6", "3e-6"]  # common.sh's LR, the script's, the command line's
-    assert not [a for a in data["argv"] if a.startswith("trainer.test_freq=10")]  # the yaml's value is not repeated
+    assert lr == ["2e-6", "3e-6"]  # the script's, the command line's (the yaml's 1e-6 is not repeated)
+    assert not [a for a in data["argv"] if a.startswith("trainer.test_freq=10")]
     cfg = compose_config(data["argv"][3:])
     assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.trainer.test_freq) == (3e-6, 5)
     assert compose_config([]).trainer.test_freq == 10  # rpg_trainer.yaml

@@ -1,5 +1,5 @@
-"""The recipe knobs are one list (rpg/preflight/recipe_argv.py, KNOBS): common.sh's defaults, the documentation's table
-and the Hydra quoting of the command all come from it."""
+"""The recipe knobs are one list (rpg/preflight/recipe_argv.py, KNOBS and REFUSED): the documentation's table, the
+exported-knob rule and the Hydra quoting of the command all come from it; common.sh holds none."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import subprocess
 
 import pytest
-from recipe_helpers import RECIPE, run_script
+from recipe_helpers import RECIPE, REPO, run_script
 
 from rpg.preflight import recipe_argv as ra
 
@@ -20,28 +20,56 @@ def test_readme_knob_table_is_generated_from_the_knob_list():
     found = re.search(r"<!-- knobs[^>]*-->\n(.*?)<!-- /knobs -->", text, re.S)
     assert found, "recipe/rpg/README.md has no <!-- knobs --> block"
     assert found.group(1) == ra.markdown(), (
-        "recipe/rpg/README.md's knob table differs from rpg/preflight/recipe_argv.py KNOBS: regenerate it with "
-        "python rpg/preflight/recipe_argv.py --markdown"
+        "recipe/rpg/README.md's knob table differs from rpg/preflight/recipe_argv.py KNOBS/REFUSED: regenerate it "
+        "with python rpg/preflight/recipe_argv.py --markdown"
     )
 
 
-def test_common_sh_names_every_script_knob_and_sets_no_default_itself():
+def test_common_sh_only_chooses_the_interpreter_and_execs():
+    """common.sh holds no knob, no eval, no default: one exec of the launcher (rpg/preflight/recipe_argv.py)."""
     text = (RECIPE / "common.sh").read_text()
-    header = text[text.index("# What an experiment script may set") : text.index("_rpg_defaults=")]
-    listed = set(re.findall(r"\b[A-Z][A-Z_]+\b", header.split(":")[0] + header.split("(")[1].split(")")[0]))
-    assert listed == {k.name for k in ra.KNOBS if k.script}
-    for knob in ra.KNOBS:
-        if knob.script:  # the default lives in Python only
-            assert not re.search(rf"^{knob.name}=", text, re.M), f"common.sh sets {knob.name} at the top level"
+    code = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert "eval" not in text and len(code) <= 3, code
+    assert any(line.startswith("exec ") for line in code)
+    for name in (*ra.KNOB_NAMES, *ra.REFUSED):
+        assert not re.search(rf"\b{name}\b", "\n".join(code)), f"common.sh reads {name}"
+    assert not (RECIPE / "cpu" / "profile.sh").exists() and not (RECIPE / "optim").exists()
 
 
-def test_script_knobs_are_reset_from_the_environment(tmp_path):
-    """An exported LR never reaches a script that does not set it (common.sh resets the script knobs)."""
-    script = tmp_path / "run_probe.sh"
-    script.write_text(f'source "{RECIPE}/common.sh"\npreset_dapo\nrpg_run "$@"\n')
-    proc = run_script(script, RPG_PRINT_ARGV="1", LR="9e-9", CTX="8")
+@pytest.mark.parametrize("name, value, key", [("LR", "9e-9", "actor_rollout_ref.actor.optim.lr"),
+                                              ("KL_COEF", "1e-3", "actor_rollout_ref.actor.policy_loss.kl_coef")])
+def test_an_exported_recipe_setting_is_refused_with_its_override(name, value, key):
+    """The exported-knob rule: a former script setting in the environment is refused before launch (a script's name
+    means its config), naming the knob and the Hydra override to pass instead; nothing is launched or printed."""
+    proc = run_script(RECIPE / "4b" / "run_rpg_reinforce_urkl_4k.sh", RPG_PRINT_ARGV="1", **{name: value})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert f"{name} exported" in proc.stderr and f"{key}={value}" in proc.stderr, proc.stderr
+    assert f"Unset {name}" in proc.stderr
+
+
+def test_the_override_an_exported_setting_names_is_honoured():
+    """... and the override it names does what the knob did."""
+    script = RECIPE / "4b" / "run_rpg_reinforce_urkl_4k.sh"
+    proc = run_script(script, "actor_rollout_ref.actor.optim.lr=9e-9", RPG_PRINT_ARGV="1")
     assert proc.returncode == 0, proc.stderr
-    assert "actor_rollout_ref.actor.optim.lr=1e-6" in proc.stdout and "data.max_prompt_length=2048" in proc.stdout
+    from rpg.launch import compose_config
+
+    cfg = compose_config(json.loads(proc.stdout)["argv"][3:])
+    assert cfg.actor_rollout_ref.actor.optim.lr == 9e-9 and cfg.actor_rollout_ref.actor.policy_loss.kl_coef == 1e-4
+
+
+def test_environment_knobs_are_honoured():
+    """Paths, names and cluster size are environment knobs: exported, they reach the config."""
+    script = RECIPE / "7b" / "run_dapo_7b.sh"
+    proc = run_script(script, RPG_PRINT_ARGV="1", MODEL_PATH="/m/x", N_GPUS="4", NNODES="2", PROJECT_NAME="p",
+                      EXP_NAME="e", DATA_DIR="/d")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    from rpg.launch import compose_config
+
+    cfg = compose_config(json.loads(proc.stdout)["argv"][3:])
+    assert cfg.actor_rollout_ref.model.path == "/m/x"  # wins over the setup's model
+    assert (cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes, cfg.trainer.default_local_dir) == (4, 2, f"{REPO}/ckpts/p/e")
+    assert list(cfg.data.val_files) == ["/d/amc-2023.parquet", "/d/aime-2024.parquet", "/d/aime-2025.parquet"]
 
 
 @pytest.mark.parametrize("path", ["/d/a b.parquet", "/d/it's.parquet", "/d/x\\'y", "/d/${oc.env:HOME}", "/d/a\\\\",
@@ -56,13 +84,6 @@ def test_hydra_str_composes_to_the_exact_string(path: str):
 def test_hydra_files_splits_lines_and_keeps_lists():
     assert ra.hydra_files("/a b.parquet\n\n/c.parquet") == "['/a b.parquet','/c.parquet']"
     assert ra.hydra_files("['/x.parquet']") == "['/x.parquet']"
-
-
-def test_a_bad_whole_number_knob_is_refused(tmp_path):
-    script = tmp_path / "run_probe.sh"
-    script.write_text(f'source "{RECIPE}/common.sh"\nPROMPT_LEN=4k\nrpg_run "$@"\n')
-    proc = run_script(script, RPG_PRINT_ARGV="1")
-    assert proc.returncode == 2 and "PROMPT_LEN='4k' is not valid: give a whole number" in proc.stderr, proc.stderr
 
 
 def test_stdlib_only():
@@ -80,6 +101,14 @@ def test_stdlib_only():
 BYPASS = "algorithm.rollout_correction.bypass_mode=True"
 
 
+def _probe(tmp_path, choices: str):
+    """A throwaway recipe script (recipe/rpg/<dir>/ layout) that sources the real common.sh with `choices`."""
+    script = tmp_path / "probe" / "run_probe.sh"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(f'source "{RECIPE}/common.sh" {choices} "$@"\n')
+    return script
+
+
 @pytest.mark.parametrize(
     "env, present, absent",
     [
@@ -92,8 +121,7 @@ BYPASS = "algorithm.rollout_correction.bypass_mode=True"
     ids=["defaults", "explicit-defaults", "rollout", "colocate_async", "separate_async"],
 )
 def test_async_knobs_map_to_verl_settings(tmp_path, env, present, absent):
-    script = tmp_path / "run_probe.sh"
-    script.write_text(f'source "{RECIPE}/common.sh"\npreset_rpg_reinforce urkl 1e-4\nrpg_run "$@"\n')
+    script = _probe(tmp_path, "method=rpg_reinforce recipe.divergence=urkl recipe.beta=1e-4")
     for profile in ("gpu", "cpu"):
         proc = run_script(script, RPG_PRINT_ARGV="1", RPG_PROFILE=profile, **env)
         assert proc.returncode == 0, proc.stderr
@@ -109,17 +137,22 @@ def test_async_knobs_map_to_verl_settings(tmp_path, env, present, absent):
     [("OLD_LOGPROB", "actor", "recompute rollout"), ("TRAINER_MODE", "async", "sync colocate_async separate_async")],
 )
 def test_a_bad_async_knob_is_refused(tmp_path, name, value, choices):
-    script = tmp_path / "run_probe.sh"
-    script.write_text(f'source "{RECIPE}/common.sh"\nrpg_run "$@"\n')
+    script = _probe(tmp_path, "")
     proc = run_script(script, RPG_PRINT_ARGV="1", **{name: value})
     assert proc.returncode == 2, proc.stdout
     assert f"{name}='{value}' is not valid; choose one of: {choices}" in proc.stderr, proc.stderr
 
 
 def test_schedule_free_with_an_async_trainer_mode_is_refused(tmp_path):
-    script = tmp_path / "run_probe.sh"
-    script.write_text(f'source "{RECIPE}/common.sh"\npreset_dapo\nrpg_run "$@"\n')
+    script = _probe(tmp_path, "method=dapo")
     proc = run_script(script, RPG_PRINT_ARGV="1", OPTIM="schedulefree", TRAINER_MODE="colocate_async")
     assert proc.returncode == 2, proc.stdout
     assert "TRAINER_MODE='colocate_async' with OPTIM=schedulefree" in proc.stderr, proc.stderr
     assert "no asynchronous" in proc.stderr, proc.stderr
+
+
+def test_help_states_the_exported_knob_rule():
+    proc = run_script(RECIPE / "4b" / "run_dapo_4k.sh", "--help", LR="1e-9")  # --help runs nothing, refuses nothing
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: bash run_dapo_4k.sh") and "Exported-knob rule" in proc.stdout
+    assert "LR                     -> actor_rollout_ref.actor.optim.lr" in proc.stdout and "MODEL_PATH" in proc.stdout

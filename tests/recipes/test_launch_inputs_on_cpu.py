@@ -194,7 +194,7 @@ def test_context_beyond_a_local_model_is_refused(base, data, tmp_path):
     model = {"actor_rollout_ref.model.path": model_dir(tmp_path / "m", max_position_embeddings=4096)}
     message = refusal(cfg_with(base, **data, **model, **lengths(2048, 4096)))
     assert "2048 + 4096 = 6144" in message and "max_position_embeddings=4096" in message
-    assert "data.max_prompt_length" in message and "data.max_response_length" in message and "CTX" in message
+    assert "data.max_prompt_length" in message and "data.max_response_length" in message and "recipe.ctx" in message
     validate_recipe(cfg_with(base, **data, **model, **lengths(2048, 2048)))  # exactly the limit is fine
 
 

@@ -31,6 +31,7 @@ MINIMAL = [  # the smallest config verl's validate_config accepts without a GPU-
     "+actor_rollout_ref.actor.policy_loss.kl_coef=1e-4",
     "+actor_rollout_ref.actor.policy_loss.reference=iterative",
     "reward.reward_manager.name=dapo",
+    "data.max_response_length=512",
     "+reward.reward_kwargs.max_resp_len=512",
     "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
     "+reward.reward_kwargs.overlong_buffer_cfg.len=128",
@@ -277,8 +278,8 @@ def _keys(node, prefix=""):
 
 
 def test_rpg_trainer_extends_verls_ppo_trainer():
-    """rpg/config/rpg_trainer.yaml = verl's own ppo_trainer (every key) + the recipes' shared settings; what the
-    recipes set from their knobs is left to them (the overlong buffer as `???`)."""
+    """rpg/config/rpg_trainer.yaml = verl's own ppo_trainer (every key) + the recipes' shared settings; the values
+    derived from the context follow it (rpg.preflight.compose's resolvers), and the `recipe` node is gone."""
     from hydra import compose, initialize_config_module
 
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
@@ -288,9 +289,16 @@ def test_rpg_trainer_extends_verls_ppo_trainer():
     assert (cfg.actor_rollout_ref.rollout.n, verl_cfg["actor_rollout_ref"]["rollout"]["n"]) == (16, 1)
     assert cfg.reward.reward_manager.name == "dapo" and cfg.actor_rollout_ref.actor.clip_ratio_c == 10.0
     buffer = cfg.reward.reward_kwargs.overlong_buffer_cfg
-    assert OmegaConf.is_missing(buffer, "enable") and OmegaConf.is_missing(buffer, "len")
-    overridden = compose_config(["data.max_response_length=1024"])
+    assert (buffer.enable, buffer.len, cfg.data.max_response_length) == (True, 512, 2048) and "recipe" not in cfg
+    overridden = compose_config(["data.max_response_length=1024", "recipe.token_len_factor=3"])
     assert overridden.reward.reward_kwargs.max_resp_len == 1024  # one source: data.max_response_length
+    assert overridden.reward.reward_kwargs.overlong_buffer_cfg.len == 256  # the last quarter of it
+    budget = 3 * (2048 + 1024)  # factor × (prompt + response)
+    arr = overridden.actor_rollout_ref
+    assert (arr.actor.ppo_max_token_len_per_gpu, arr.rollout.log_prob_max_token_len_per_gpu,
+            arr.ref.log_prob_max_token_len_per_gpu, arr.rollout.max_num_batched_tokens) == (budget, budget, budget,
+                                                                                           3072)  # fmt: skip
+    assert not OmegaConf.is_interpolation(arr.actor, "ppo_max_token_len_per_gpu")  # resolved in the launcher
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -338,3 +346,16 @@ def test_async_without_rollout_is_is_flagged_as_uncorrected(base):
     assert async_correction_warning(corrected) is None
     bypass = cfg_with(base, trainer__v1__trainer_mode="colocate_async", algorithm__rollout_correction__bypass_mode=True)
     assert async_correction_warning(bypass) is None  # π_old := μ: exact for its own anchor (docs/async.md#bypass)
+
+
+def test_the_launcher_resolves_every_oc_env_before_ray(monkeypatch):
+    """`finish` (run by compose_config and by rpg.launch before any Ray process starts) replaces an `oc.env`
+    interpolation by the value of this shell: workers, other nodes and Ray jobs see that value, not their own."""
+    monkeypatch.setenv("RPG_TEST_PROJECT", "from-the-shell")
+    cfg = compose_config(["trainer.project_name=${oc.env:RPG_TEST_PROJECT,unset}",
+                          "data.val_files=['/d/\\${oc.env:HOME}/v.parquet']"])  # fmt: skip
+    monkeypatch.setenv("RPG_TEST_PROJECT", "a-worker's-value")
+    assert not OmegaConf.is_interpolation(cfg.trainer, "project_name")
+    assert cfg.trainer.project_name == "from-the-shell"
+    assert cfg.trainer.default_local_dir.endswith("/ckpts/from-the-shell/" + cfg.trainer.experiment_name)
+    assert list(cfg.data.val_files) == ["/d/${oc.env:HOME}/v.parquet"]  # an escaped `${` stays literal text

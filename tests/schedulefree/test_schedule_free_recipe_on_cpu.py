@@ -1,5 +1,6 @@
-"""recipe/rpg/optim/schedulefree.sh through the real launcher: one script passes a full `RPG_DRY_RUN=1` in a fresh
-Python (the trainer is registered in every Ray process by RPG_INSTALL=schedule_free, rpg/install.py).
+"""The group optim=schedulefree (rpg/config/optim/schedulefree.yaml) through the real launcher: one script passes a
+full `RPG_DRY_RUN=1` in a fresh Python (the trainer is registered in every Ray process by RPG_INSTALL=schedule_free,
+rpg/install.py).
 
 What every `*_schedulefree*` script selects (schedule-free AdamW, the `schedule_free_sync` trainer, its RPG_INSTALL name in
 every process) is checked in tests/recipes/test_dry_run_on_cpu.py with every other check of every script."""

@@ -3,8 +3,5 @@
 # The KL reference is the frozen initial model: verl builds it (use_kl_loss=True) and adds no KL of its own
 # (kl_loss_coef=0); the loss uses the ρ-weighted estimator of docs/losses.md#rho-weighting (the authors' code had none,
 # docs/differences.md#d10).
-source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-setup_qwen3_4b 4
-preset_rpg_reinforce ufkl 1e-3
-REFERENCE=frozen; USE_KL_LOSS=True; KL_LOSS_COEF=0.0
-rpg_run "$@"
+# Generated from rpg/recipe_table.py (python -m rpg.tools.recipes --write): edit the table, not this file.
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh" setup=qwen3_4b_4k method=rpg_reinforce recipe.divergence=ufkl recipe.beta=1e-3 actor_rollout_ref.actor.policy_loss.reference=frozen actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.0 "$@"

@@ -1,6 +1,4 @@
 #!/usr/bin/env bash
 # RPG-REINFORCE-UFKL — Qwen3-4B, 8K context. Paper: Table 3, Fig. 4, row "RPG-REINFORCE-UFKL".
-source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-setup_qwen3_4b 8
-preset_rpg_reinforce ufkl 1e-4
-rpg_run "$@"
+# Generated from rpg/recipe_table.py (python -m rpg.tools.recipes --write): edit the table, not this file.
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh" setup=qwen3_4b_8k method=rpg_reinforce recipe.divergence=ufkl recipe.beta=1e-4 "$@"

@@ -1,8 +1,5 @@
 #!/usr/bin/env bash
 # REINFORCE++-Baseline — Qwen2.5-7B-Instruct, 2K context, schedule-free AdamW.
 # The authors' script #16 (docs/differences.md#authors-scripts); not reported in the paper.
-source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-setup_authors_7b instruct
-preset_reinforce_pp_baseline
-OPTIM=schedulefree
-rpg_run "$@"
+# Generated from rpg/recipe_table.py (python -m rpg.tools.recipes --write): edit the table, not this file.
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh" setup=authors_7b_instruct method=reinforce_pp_baseline optim=schedulefree "$@"

@@ -4,10 +4,5 @@
 # The authors' run had β = 0 in effect (Algorithm 2 was never called, docs/differences.md#d1); this runs
 # Algorithm 2 with the stated β = 1e-4, as the paper describes.
 # Clip (0.1, 0.1): the clip ablation of Fig. 8 (the paper shows it for Qwen3-4B).
-source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-setup_authors_7b instruct
-preset_rpg_reinforce rkl 1e-4
-clip 0.1 0.1
-LR=5e-7; TOKEN_LEN_FACTOR=4   # the authors' REINFORCE scripts (docs/differences.md#d14)
-OPTIM=schedulefree
-rpg_run "$@"
+# Generated from rpg/recipe_table.py (python -m rpg.tools.recipes --write): edit the table, not this file.
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh" setup=authors_7b_instruct method=rpg_reinforce recipe.divergence=rkl recipe.beta=1e-4 actor_rollout_ref.actor.clip_ratio_low=0.1 actor_rollout_ref.actor.clip_ratio_high=0.1 actor_rollout_ref.actor.optim.lr=5e-7 recipe.token_len_factor=4 optim=schedulefree "$@"

@@ -1,8 +1,5 @@
 #!/usr/bin/env bash
 # RPG-UFKL (fully differentiable, RPG-Style Clip) — Qwen2.5-Math-7B, 2K context, schedule-free AdamW.
 # The authors' script #49 (docs/differences.md#authors-scripts); not reported in the paper.
-source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-setup_authors_7b math
-preset_rpg ufkl 1e-4
-OPTIM=schedulefree
-rpg_run "$@"
+# Generated from rpg/recipe_table.py (python -m rpg.tools.recipes --write): edit the table, not this file.
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh" setup=authors_7b_math method=rpg recipe.divergence=ufkl recipe.beta=1e-4 optim=schedulefree "$@"

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# DAPO (clip-higher, dynamic sampling, overlong penalty, no KL) on the tiny CPU task (RPG_PROFILE=cpu: sizes and machine in recipe/rpg/cpu/profile.sh).
-# Build the model first: .venv/bin/python -m rpg.tools.tiny_model. Extra arguments are Hydra overrides.
-RPG_PROFILE=cpu
-source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-preset_dapo
-rpg_run "$@"
+# DAPO (clip-higher, dynamic sampling, overlong penalty, no KL)
+# on the tiny CPU task (profile=cpu: sizes and machine in rpg/config/profile/cpu.yaml). Build the model first:
+# .venv/bin/python -m rpg.tools.tiny_model. Extra arguments are Hydra overrides.
+# Generated from rpg/recipe_table.py (python -m rpg.tools.recipes --write): edit the table, not this file.
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh" profile=cpu method=dapo "$@"
