@@ -56,6 +56,13 @@ DAPO — Qwen3-4B, 4K context. Paper: Tables 5 and 7, Fig. 5, row "DAPO".""",
     _recipe("4b/run_dapo_8k.sh", """\
 DAPO — Qwen3-4B, 8K context. Paper: Table 3, Fig. 4, row "DAPO".""",
            "setup=qwen3_4b_8k", "method=dapo"),
+    _recipe("4b/run_gspo_urkl_4k.sh", """\
+GSPO + RPG's exact URKL — Qwen3-4B, 4K context. Not a paper row: verl's GSPO loss (sequence-level ratio, clip
+(3e-4, 4e-4), seq-mean-token-mean) with the exact URKL regulariser added at the token ratio, β = 1e-4, iterative
+reference (docs/losses.md#kl-addon). Dynamic sampling and the overlong penalty as every recipe here.""",
+           "setup=qwen3_4b_4k", "method=rpg_kl", "recipe.divergence=urkl", "recipe.beta=1e-4", "recipe.base=gspo",
+           "actor_rollout_ref.actor.clip_ratio_low=3e-4", "actor_rollout_ref.actor.clip_ratio_high=4e-4",
+           "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"),
     _recipe("4b/run_grpo_2k.sh", """\
 GRPO — Qwen3-4B, 2K context. Paper: Table 6, Fig. 6, row "GRPO".""",
            "setup=qwen3_4b_2k", "method=grpo"),
@@ -132,6 +139,28 @@ the authors' code only refreshes every training step). K = 64 here = every 4 tra
 set REF_REFRESH_STEPS / REF_REFRESH_KL in the environment. Not a paper table row: the scheme the paper describes.""",
            "setup=qwen3_4b_4k", *rpg("rpg_reinforce", "urkl", "1e-4"), *reference("periodic"),
            "actor_rollout_ref.actor.policy_loss.ref_refresh_steps=64"),
+    _recipe("4b/run_rpg_reinforce_urkl_4k_ema.sh", """\
+RPG-REINFORCE-URKL with an EMA (Polyak) reference — Qwen3-4B, 4K context. Not a paper row: π_ref ← τ·π_ref +
+(1 − τ)·π_θ after every P optimizer steps (EMA-PG, arXiv 2602.04417; docs/reference-modes.md#ema), τ = 0.99 and
+P = 16 (one training step) here; τ = 0 is the periodic reference, τ → 1 the frozen one. Set REF_EMA_DECAY /
+REF_EMA_PERIOD in the environment. No value was tuned at this scale.""",
+           "setup=qwen3_4b_4k", *rpg("rpg_reinforce", "urkl", "1e-4"), *reference("ema"),
+           "actor_rollout_ref.actor.policy_loss.ref_ema_decay=0.99",
+           "actor_rollout_ref.actor.policy_loss.ref_ema_period=16"),
+    _recipe("4b/run_rpg_reinforce_urkl_4k_adaptive_beta.sh", """\
+RPG-REINFORCE-URKL with an adaptive β — Qwen3-4B, 4K context. Not a paper row: β starts at 1e-4 and follows the
+proportional controller of Ziegler et al. 2019 towards a target of actor/rpg/kl (here the KL to π_old, the policy's
+drift within a training step; docs/losses.md#adaptive-beta), horizon H = 10 training steps. The target 1e-3 nats per
+token is a starting point, not a measured value: set KL_TARGET / KL_HORIZON in the environment.""",
+           "setup=qwen3_4b_4k", *rpg("rpg_reinforce", "urkl", "1e-4"),
+           "actor_rollout_ref.actor.policy_loss.kl_control=adaptive",
+           "actor_rollout_ref.actor.policy_loss.kl_target=1e-3", "actor_rollout_ref.actor.policy_loss.kl_horizon=10"),
+    _recipe("4b/run_rpg_reinforce_urkl_4k_seqkl.sh", """\
+RPG-REINFORCE-URKL with sequence-level KL credit — Qwen3-4B, 4K context. Not a paper row: token t's KL weight is the
+sum of the KL terms of the tokens from t on, the gradient of the KL between whole responses (Tang & Munos, arXiv
+2506.09477; docs/losses.md#kl-credit) instead of the per-token one every paper number uses.""",
+           "setup=qwen3_4b_4k", *rpg("rpg_reinforce", "urkl", "1e-4"),
+           "actor_rollout_ref.actor.policy_loss.kl_credit=sequence"),
     _recipe("4b/run_rpg_reinforce_urkl_8k.sh", """\
 RPG-REINFORCE-URKL — Qwen3-4B, 8K context. Paper: Table 3, Fig. 4, row "RPG-REINFORCE-URKL".""",
            "setup=qwen3_4b_8k", *rpg("rpg_reinforce", "urkl", "1e-4")),

@@ -8,7 +8,7 @@
 # It only chooses the interpreter and execs rpg/preflight/recipe_argv.py, which reads the environment knobs, refuses
 # an exported recipe setting (LR, KL_COEF, ...: pass the Hydra override it names instead), then runs
 # `python -m rpg.launch <overrides> <choices> "$@"` here, prints it (RPG_PRINT_ARGV=1), or submits it to the Ray
-# cluster at RAY_ADDRESS. The knobs: recipe/rpg/README.md#knobs (or python3 rpg/preflight/recipe_argv.py --markdown).
+# cluster at RAY_ADDRESS. The knobs: recipe/rpg/README.md#knobs-environment-variables (or python3 rpg/preflight/recipe_argv.py --markdown).
 # PYTHON: the interpreter of the launch (GPU: python3 from your environment; CPU profile: the repository's .venv).
 _rpg_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 exec "${PYTHON:-python3}" "$_rpg_dir/rpg/preflight/recipe_argv.py" --repo "$_rpg_dir" \

@@ -6,7 +6,7 @@ the print mode and a Ray submission do not need. It
 
 * refuses an exported recipe setting (`REFUSED`: LR, KL_COEF, CTX, ...): a script's name means its config, so a
   setting is changed with the Hydra override this error names, never silently (the exported-knob rule,
-  recipe/rpg/README.md#knobs);
+  recipe/rpg/README.md#knobs-environment-variables);
 * reads the environment knobs (`KNOBS`: paths, run names, cluster size, the profile and optimiser choice, π_old and
   the trainer mode; `cpu_profile`: the CPU profile's sizes, backend, precision and environment) in one place, each
   default written once, and turns them into Hydra overrides placed before the script's choices (MODEL_PATH, which a
@@ -63,6 +63,14 @@ KNOBS = (
          "periodic reference: K optimizer steps between refreshes (scripts with the periodic reference)"),
     Knob("REF_REFRESH_KL", None, "actor_rollout_ref.actor.policy_loss.ref_refresh_kl",
          "periodic reference: refresh when the token-KL moving average exceeds κ (as REF_REFRESH_STEPS)"),
+    Knob("REF_EMA_DECAY", None, "actor_rollout_ref.actor.policy_loss.ref_ema_decay",
+         "EMA reference: τ of π_ref ← τ·π_ref + (1 − τ)·π_θ, in [0, 1) (scripts with the EMA reference)"),
+    Knob("REF_EMA_PERIOD", None, "actor_rollout_ref.actor.policy_loss.ref_ema_period",
+         "EMA reference: P optimizer steps between two blends (as REF_EMA_DECAY)"),
+    Knob("KL_TARGET", None, "actor_rollout_ref.actor.policy_loss.kl_target",
+         "adaptive β: the target of actor/rpg/kl, nats per token (scripts with kl_control=adaptive)"),
+    Knob("KL_HORIZON", None, "actor_rollout_ref.actor.policy_loss.kl_horizon",
+         "adaptive β: H, in training steps (as KL_TARGET)"),
     Knob("OLD_LOGPROB", "recompute", "algorithm.rollout_correction.bypass_mode",
          "π_old: recompute (the paper's: the actor's forward before the update) | rollout (bypass_mode=True: the "
          "rollout's log-probs, no forward; docs/async.md#knobs)"),
@@ -195,7 +203,7 @@ def env_overrides(env: Dict[str, str], repo: str, script: str) -> List[str]:
 
 def late_overrides(env: Dict[str, str], args: List[str]) -> List[str]:
     """The environment knobs that win over the script's own line: MODEL_PATH (over the setup's model), THINKING (a
-    Qwen3-4B setup's), TRAINER_MODE (over a script's mode) and the periodic reference's refresh settings."""
+    Qwen3-4B setup's), TRAINER_MODE (over a script's mode) and the knobs of a mode the script selects (MODE_KNOBS)."""
     out = []
     if env.get("MODEL_PATH"):
         out.append(f"actor_rollout_ref.model.path={hydra_str(env['MODEL_PATH'])}")
@@ -210,12 +218,21 @@ def late_overrides(env: Dict[str, str], args: List[str]) -> List[str]:
     mode = _choice(env, "TRAINER_MODE")
     if env.get("TRAINER_MODE") and (mode != "sync" or _last(args, "trainer.v1.trainer_mode")):
         out.append(f"trainer.v1.trainer_mode={mode}")
-    if _last(args, "actor_rollout_ref.actor.policy_loss.reference") == "periodic":
-        for name in ("REF_REFRESH_STEPS", "REF_REFRESH_KL"):
-            if env.get(name):
-                key = next(k.key for k in KNOBS if k.name == name)
-                out.append(f"{key}={env[name]}")
+    for knob_names, key, value in MODE_KNOBS:  # a mode's own knobs, for the scripts that select the mode
+        if _last(args, key) == value:
+            for name in knob_names:
+                if env.get(name):
+                    out.append(f"{next(k.key for k in KNOBS if k.name == name)}={env[name]}")
     return out
+
+
+#: The knobs of a mode (names, and the script override that selects the mode): honoured for the scripts that select
+#: it, and passed after the script's line (they win over its values).
+MODE_KNOBS = (
+    (("REF_REFRESH_STEPS", "REF_REFRESH_KL"), "actor_rollout_ref.actor.policy_loss.reference", "periodic"),
+    (("REF_EMA_DECAY", "REF_EMA_PERIOD"), "actor_rollout_ref.actor.policy_loss.reference", "ema"),
+    (("KL_TARGET", "KL_HORIZON"), "actor_rollout_ref.actor.policy_loss.kl_control", "adaptive"),
+)
 
 
 CPU_DEFAULTS = {"CPU_STEPS": "40", "CPU_BATCH": "16", "CPU_N": "8", "CPU_LR": "1e-4", "CPU_TEST_FREQ": "10",

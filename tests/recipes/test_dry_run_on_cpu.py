@@ -110,6 +110,11 @@ ABLATIONS_4B = {  # Fig. 8 (2K clip) and Fig. 9 (4K β and reference): script �
     "run_rpg_reinforce_urkl_4k_periodic.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "periodic"),
     # the paper's best configuration on verl's colocated asynchronous trainer with token TIS (docs/async.md#modes)
     "run_rpg_reinforce_urkl_4k_async.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "iterative"),
+    # beyond the paper: the EMA reference, the adaptive β, sequence KL credit, GSPO + the exact URKL add-on
+    "run_rpg_reinforce_urkl_4k_ema.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "ema"),
+    "run_rpg_reinforce_urkl_4k_adaptive_beta.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "iterative"),
+    "run_rpg_reinforce_urkl_4k_seqkl.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "iterative"),
+    "run_gspo_urkl_4k.sh": ("rpg_kl_urkl", 1e-4, (3e-4, 4e-4), 4, "iterative"),
 }
 GPU_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B
 ALL_SCRIPTS = GPU_SCRIPTS + SCRIPTS_CPU
@@ -298,11 +303,19 @@ def test_4b_ablations(name: str):
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == clip
     assert cfg.data.max_response_length == ctx * 1024
     # no iterative reference: verl builds the frozen reference model (use_kl_loss) but adds no KL itself (coef 0)
-    with_model = reference in ("frozen", "periodic")
+    with_model = reference in ("frozen", "periodic", "ema")
     assert (actor.use_kl_loss, actor.kl_loss_coef) == ((True, 0.0) if with_model else (False, 0.0))
     assert (v.ref is not None) is with_model
     if reference == "periodic":
         assert (v.rpg.ref_refresh_steps, v.rpg.ref_refresh_kl) == (64, 0.0)
+    if reference == "ema":
+        assert (v.rpg.ref_ema_decay, v.rpg.ref_ema_period) == (0.99, 16)
+    expected = {"adaptive_beta": ("adaptive", 1e-3, 10.0), "seqkl": "sequence", "gspo": ("gspo", "seq-mean-token-mean")}
+    got = {"adaptive_beta": (v.rpg.kl_control, v.rpg.kl_target, v.rpg.kl_horizon), "seqkl": v.rpg.kl_credit,
+           "gspo": (v.rpg.base_loss_mode, actor.loss_agg_mode)}
+    for key in expected:
+        assert (got[key] == expected[key]) is (key in name), key  # each setting only in its own script
+    assert ("periodic_reference" in v.install) is (reference in ("periodic", "ema") or "adaptive" in name)
 
 
 # The authors' trainer and engine settings that no script of theirs passes (their verl's defaults; docs/differences.md
