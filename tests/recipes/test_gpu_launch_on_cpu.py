@@ -70,7 +70,28 @@ def test_an_over_budget_7b_run_is_refused_naming_the_setting(dapo_7b, capsys):
     assert "rollout phase needs about" in message
     assert "lower actor_rollout_ref.rollout.gpu_memory_utilization from 0.95 to 0.80 or below" in message
     assert "optimizer_offload=True" in message  # the other ways to fit
+    assert "set RPG_MEMORY_PLAN=warn to launch anyway" in message  # the opt-out of a user who measured
     assert capsys.readouterr().err.count(PLAN_LINE) == 1  # the line comes first, once
+
+
+def test_the_opt_out_lets_a_dry_run_over_budget_through_with_warnings(monkeypatch, capsys, tmp_path):
+    """`RPG_MEMORY_PLAN=warn RPG_DRY_RUN=1 bash <7b script> ...=0.95` (in-process through `rpg.launch.main`)."""
+    from rpg import launch
+
+    monkeypatch.setattr(sys, "argv", ["rpg.launch"])
+    monkeypatch.chdir(tmp_path)
+    for name, value in {"RPG_DRY_RUN": "1", "GPU_MEMORY_GIB": "80", "RPG_MEMORY_PLAN": "warn"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("RAY_ADDRESS", "SMOKE"):
+        monkeypatch.delenv(name, raising=False)
+    launch.main(overrides(RECIPE / "7b" / "run_dapo_7b.sh") + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.95"])
+    out, err = capsys.readouterr()
+    assert "gpu_memory_utilization: 0.95" in out  # the dry run went through to the YAML
+    assert err.count(PLAN_LINE) == 1 and "[rpg] warning (RPG_MEMORY_PLAN=warn, going on): GPU memory plan: the " \
+        "rollout phase needs about" in err
+    monkeypatch.setenv("RPG_MEMORY_PLAN", "ignore")
+    with pytest.raises(RecipeConfigError, match="RPG_MEMORY_PLAN='ignore' is not valid; choose one of: enforce warn"):
+        check_memory_plan(validated(RECIPE / "7b" / "run_dapo_7b.sh").config, budget_gib=80)
 
 
 def test_the_budget_comes_from_gpu_memory_gib(dapo_7b, monkeypatch, capsys):
@@ -166,11 +187,12 @@ def test_smoke_settings_are_passed_on_to_the_launch_and_to_ray_jobs():
     import json
 
     proc = run_script(RECIPE / "7b" / "run_dapo_7b.sh", RPG_PRINT_ARGV="1", SMOKE="1", RPG_SMOKE_DIR="/tmp/smoke",
-                      GPU_MEMORY_GIB="141", RPG_SHARED_CKPT="1")  # fmt: skip
+                      GPU_MEMORY_GIB="141", RPG_SHARED_CKPT="1", RPG_MEMORY_PLAN="warn")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     env = json.loads(proc.stdout)["env"]  # the environment a local run gets and a Ray job receives
-    assert {k: env.get(k) for k in ("SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB", "RPG_SHARED_CKPT")} == {
-        "SMOKE": "1", "RPG_SMOKE_DIR": "/tmp/smoke", "GPU_MEMORY_GIB": "141", "RPG_SHARED_CKPT": "1"}
+    keys = ("SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB", "RPG_SHARED_CKPT", "RPG_MEMORY_PLAN")
+    assert {k: env.get(k) for k in keys} == {"SMOKE": "1", "RPG_SMOKE_DIR": "/tmp/smoke", "GPU_MEMORY_GIB": "141",
+                                             "RPG_SHARED_CKPT": "1", "RPG_MEMORY_PLAN": "warn"}
 
 
 # ---- 4. Interpreter and engines --------------------------------------------------------------------------------------
@@ -212,19 +234,26 @@ def _spec(missing: set):
     return lambda name: None if name in missing else object()
 
 
+def _node(gpus: int = 8):
+    from rpg.preflight.gpu_probe import NodeProbe
+
+    return NodeProbe(driver="580.65.06", driver_cuda=(13, 0), gpu_total_bytes=[80 << 30] * gpus)
+
+
 @pytest.mark.parametrize("missing, gpus, needles", [
     (set(), 8, []),
     ({"vllm"}, 8, ["actor_rollout_ref.rollout.name=vllm, but vllm cannot be imported",
                    "pip install -r requirements-gpu.txt"]),
     ({"flash_attn"}, 8, ["attn_implementation=flash_attention_2 (verl's default) needs flash-attn",
-                         "MAX_JOBS=8 pip install --no-build-isolation flash-attn==2.8.3"]),
-    (set(), 4, ["trainer.n_gpus_per_node=8 (recipe knob N_GPUS), but torch sees 4 GPU(s)", "Fix: N_GPUS=4"]),
-    (set(), 0, ["torch sees no GPU on this node", "run on a GPU node"]),
+                         'FLASH_ATTN_CUDA_ARCHS="80;90" pip install --no-build-isolation']),
+    (set(), 4, ["trainer.n_gpus_per_node=8 (recipe knob N_GPUS), but the NVIDIA driver shows 4 GPU(s)",
+                "Fix: N_GPUS=4"]),
 ])  # fmt: skip
 def test_what_a_local_launch_needs(dapo_7b, missing, gpus, needles):
+    """Every message of the driver, flash-attn's extension and the probe's crash: tests/preflight/test_gpu_probe."""
     from rpg.preflight.gpu import runtime_problems
 
-    problems = runtime_problems(dapo_7b, find_spec=_spec(missing), device_count=lambda: gpus)
+    problems = runtime_problems(dapo_7b, find_spec=_spec(missing), node=_node(gpus), torch_cuda="13.0")
     assert len(problems) == len(needles) // 2
     for needle in needles:
         assert needle in "\n".join(problems)
@@ -234,14 +263,15 @@ def test_flash_attn_is_not_needed_with_another_attention(dapo_7b):
     from rpg.preflight.gpu import runtime_problems
 
     sdpa = cfg_with(dapo_7b, actor_rollout_ref__model__override_config__attn_implementation="sdpa")
-    assert runtime_problems(sdpa, find_spec=_spec({"flash_attn"}), device_count=lambda: 8) == []
+    assert runtime_problems(sdpa, find_spec=_spec({"flash_attn"}), node=_node(), torch_cuda="13.0") == []
 
 
 def test_a_local_launch_refuses_what_a_dry_run_warns_about(dapo_7b, monkeypatch, capsys):
     from rpg.preflight import gpu
 
     monkeypatch.setattr(gpu.importlib.util, "find_spec", _spec({"vllm", "flash_attn"}))
-    monkeypatch.setattr(gpu, "_device_count", lambda: 2)
+    monkeypatch.setattr(gpu, "probe", lambda what: _node(2))
+    monkeypatch.setattr(gpu, "torch_cuda_version", lambda: "13.0")
     monkeypatch.setenv("GPU_MEMORY_GIB", "80")
     gpu.check_gpu_launch(dapo_7b, dry_run=True, local=True)
     err = capsys.readouterr().err
