@@ -16,7 +16,9 @@ any Ray process starts, it
 5. for a GPU run (`rpg.preflight.gpu`), prints the per-GPU memory plan in one line and refuses a plan over budget,
    and checks that this node has what a local launch needs (vLLM, flash-attn, the GPUs; a dry run only warns);
 6. then either prints the resolved config as YAML and exits (`RPG_DRY_RUN=1`, no Ray, a few seconds) or hands the
-   config unchanged to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one if `trainer.use_v1=False`).
+   config unchanged to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one if `trainer.use_v1=False`);
+   with several nodes that save, Ray being up, the TaskRunner starts only once every node has seen the same
+   `CKPTS_DIR` (`rpg.preflight.shared_ckpt`).
 
 `SMOKE=1` (`rpg.smoke`) appends the smoke overrides to the recipe's (2 steps, the smallest batch that fills every
 rank; verl's file log in `RPG_SMOKE_DIR`, default outputs/smoke), samples the GPUs' memory during the run and prints
@@ -152,17 +154,19 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         sys.stdout.flush()
         return
     from rpg import smoke
+    from rpg.preflight import shared_ckpt
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
+    if config.trainer.use_v1:
+        runner = TaskRunnerV1
+    else:
+        from verl.trainer.main_ppo_v0 import TaskRunner as runner
+    if shared_ckpt.needs_check(config):  # several nodes that save: CKPTS_DIR shared, checked once Ray is up
+        runner = shared_ckpt.CheckedTaskRunner(runner, config)
     sampler = smoke.GpuMemorySampler().start() if smoke_run is not None else None
     start = time.monotonic()
     try:
-        if config.trainer.use_v1:
-            run_ppo(config, task_runner_class=TaskRunnerV1)
-        else:
-            from verl.trainer.main_ppo_v0 import TaskRunner
-
-            run_ppo(config, task_runner_class=TaskRunner)
+        run_ppo(config, task_runner_class=runner)
     finally:
         if sampler is not None:
             sampler.stop()

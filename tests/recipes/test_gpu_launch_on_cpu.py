@@ -187,12 +187,12 @@ def test_smoke_settings_are_passed_on_to_the_launch_and_to_ray_jobs():
     import json
 
     proc = run_script(RECIPE / "7b" / "run_dapo_7b.sh", RPG_PRINT_ARGV="1", SMOKE="1", RPG_SMOKE_DIR="/tmp/smoke",
-                      GPU_MEMORY_GIB="141", RPG_SHARED_CKPT="1", RPG_MEMORY_PLAN="warn")  # fmt: skip
+                      GPU_MEMORY_GIB="141", RPG_MEMORY_PLAN="warn")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     env = json.loads(proc.stdout)["env"]  # the environment a local run gets and a Ray job receives
-    keys = ("SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB", "RPG_SHARED_CKPT", "RPG_MEMORY_PLAN")
+    keys = ("SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB", "RPG_MEMORY_PLAN")
     assert {k: env.get(k) for k in keys} == {"SMOKE": "1", "RPG_SMOKE_DIR": "/tmp/smoke", "GPU_MEMORY_GIB": "141",
-                                             "RPG_SHARED_CKPT": "1", "RPG_MEMORY_PLAN": "warn"}
+                                             "RPG_MEMORY_PLAN": "warn"}
 
 
 # ---- 4. Interpreter and engines --------------------------------------------------------------------------------------
@@ -282,22 +282,17 @@ def test_a_local_launch_refuses_what_a_dry_run_warns_about(dapo_7b, monkeypatch,
     gpu.check_gpu_launch(dapo_7b, dry_run=False, local=False)  # a Ray job: the cluster's nodes are not this one
 
 
-# ---- 5. Several nodes without a shared filesystem --------------------------------------------------------------------
-def test_periodic_reference_on_several_nodes_needs_a_shared_checkpoint_dir(rpg_4b, monkeypatch):
+# ---- 5. Several nodes: CKPTS_DIR shared (rpg/preflight/shared_ckpt.py; its check: tests/e2e/test_shared_ckpt_dir) --
+def test_several_nodes_that_save_check_the_checkpoint_folder(rpg_4b, monkeypatch):
+    """The periodic reference's old declaration (RPG_SHARED_CKPT) is gone: every multi-node run that saves or resumes
+    from a path is checked at launch (the sentinel check), whatever the reference mode."""
     from rpg.launch import validate_rpg
+    from rpg.preflight.shared_ckpt import needs_check
 
-    monkeypatch.delenv("RPG_SHARED_CKPT", raising=False)
     periodic = cfg_with(rpg_4b, **PERIODIC, actor_rollout_ref__actor__policy_loss__ref_refresh_steps=64)
-    validate_rpg(periodic)  # one node: nothing to share
+    assert not needs_check(periodic)  # one node
     two_nodes = cfg_with(periodic, trainer__nnodes=2)
-    with pytest.raises(RecipeConfigError, match=r"reference=periodic with trainer\.nnodes=2") as e:
-        validate_rpg(two_nodes)
-    message = str(e.value)
-    assert "written by rank 0 and read by every rank" in message and "each node's local disk" in message
-    assert "RPG_SHARED_CKPT=1" in message and "NNODES=1" in message  # the fixes
-    monkeypatch.setenv("RPG_SHARED_CKPT", "1")
-    validate_rpg(two_nodes)
-    validate_rpg(cfg_with(rpg_4b, trainer__nnodes=2))  # other reference modes keep no state of their own
-    monkeypatch.setenv("RPG_SHARED_CKPT", "yes")
-    with pytest.raises(RecipeConfigError, match="RPG_SHARED_CKPT='yes' is not valid; choose one of: 0 1"):
-        validate_rpg(two_nodes)
+    validate_rpg(two_nodes)  # no rule of its own any more
+    assert needs_check(two_nodes) and needs_check(cfg_with(rpg_4b, trainer__nnodes=2))
+    assert not needs_check(cfg_with(two_nodes, trainer__save_freq=-1))  # nothing saved
+    assert needs_check(cfg_with(two_nodes, trainer__save_freq=-1, trainer__resume_mode="resume_path"))
