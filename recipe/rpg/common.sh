@@ -101,11 +101,13 @@ setup_qwen3_4b() {
   ENABLE_THINKING=${THINKING:-false}  # checked by rpg.launch (true or false)
   VAL_SETS="aime-2024 aime-2025 amc-2023"
   if [[ "$CTX" == 4 ]]; then VAL_SETS+=" minerva-math olympiadbench"; fi  # Table 7 is reported at 4K only
+  GPU_MEMORY_UTILIZATION=0.8  # vLLM's pool: 4 GiB under the memory plan's limit (docs/differences.md#d28)
 }
 
 # setup_authors_7b math|instruct: the authors' published scripts (docs/differences.md#authors-scripts): Qwen2.5-Math-7B
-# or Qwen2.5-7B-Instruct (Table 8), 2K context, validation on AMC23, AIME24, AIME25. vLLM takes 0.8 of each GPU, not
-# the authors' 0.85, so that the rollout fits 80 GB GPUs next to the actor (memory only: docs/differences.md#d28).
+# or Qwen2.5-7B-Instruct (Table 8), 2K context, validation on AMC23, AIME24, AIME25. vLLM takes 0.75 of each GPU, not
+# the authors' 0.85, so that the rollout fits 80 GB GPUs next to the actor with 4 GiB to spare (memory only:
+# docs/differences.md#d28).
 setup_authors_7b() {
   case "${1:-}" in
     math) MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-Math-7B} ;;
@@ -114,7 +116,7 @@ setup_authors_7b() {
   esac
   CTX=2
   VAL_SETS="amc-2023 aime-2024 aime-2025"
-  GPU_MEMORY_UTILIZATION=0.8
+  GPU_MEMORY_UTILIZATION=0.75
 }
 
 # ---------------------------------------------------------------------------------------------------------------

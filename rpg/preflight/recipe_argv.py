@@ -86,8 +86,8 @@ KNOBS = (
          "DAPO overlong penalty, buffer = response length / 4", True),
     Knob("VAL_SETS", "aime-2024 aime-2025 amc-2023", "", "validation sets (files DATA_DIR/<name>.parquet)", True),
     Knob("GPU_MEMORY_UTILIZATION", "", "actor_rollout_ref.rollout.gpu_memory_utilization",
-         "vLLM's pool as a fraction of each GPU's total memory; empty: the config's 0.85 (7B setups: 0.8, "
-         "docs/differences.md#d28)", True),
+         "vLLM's pool as a fraction of each GPU's total memory; empty: the config's 0.85 (setups: 7B 0.75, "
+         "4B 0.8, docs/differences.md#d28)", True),
     Knob("ENABLE_THINKING", "", "+data.apply_chat_template_kwargs.enable_thinking",
          "Qwen3 chat template (setup_qwen3_4b sets it from THINKING); empty: not passed", True),
 )  # fmt: skip

@@ -188,13 +188,13 @@ def _plan(script: str, **over):
 def test_recipe_plans(script):
     plan = _plan(script)
     s = plan.settings
-    shipped = 0.8 if script.startswith("7b/") else 0.85  # the 7B recipes' vLLM share (docs/differences.md#d28)
+    shipped = 0.75 if script.startswith("7b/") else 0.8  # the recipes' vLLM share (docs/differences.md#d28)
     assert s.n_gpus == 8 and s.gpu_memory_utilization == shipped and s.rollout_tp == 1
     assert s.param_bytes == 4 and s.compute_bytes == 2 and not s.param_offload and not s.optimizer_offload
     assert s.gradient_checkpointing
     assert s.reference == ("grpo" in script)  # GRPO's KL loss builds the frozen reference model
     print(plan.breakdown())
-    assert plan.problems() == []  # the shipped settings fit 8 × 80 GiB
+    assert plan.problems() == [] and plan.rollout_gib <= 78.0 - 4  # 8 × 80 GiB with 4 GiB to spare
     if script.startswith("7b/"):
         authors = _plan(script, **{"actor_rollout_ref.rollout.gpu_memory_utilization": 0.85})
         assert authors.rollout_gib > 78.0 and authors.problems(), "7B at 0.85 should not fit (docs/gpu.md#memory-plan)"

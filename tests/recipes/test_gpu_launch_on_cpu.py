@@ -132,7 +132,7 @@ def test_dry_run_prints_the_plan_once(monkeypatch, capsys, tmp_path):
     launch.main(overrides(RECIPE / "7b" / "run_dapo_7b.sh"))
     out, err = capsys.readouterr()
     assert out.strip() and err.count(PLAN_LINE) == 1, err[-3000:]
-    assert "[rpg] GPU memory plan (per GPU, Qwen/Qwen2.5-Math-7B, budget 80.0 GiB): rollout 76.3 GiB" in err
+    assert "[rpg] GPU memory plan (per GPU, Qwen/Qwen2.5-Math-7B, budget 80.0 GiB): rollout 72.3 GiB" in err
 
 
 def test_real_dry_run_prints_the_plan_once_and_refuses_over_budget(tmp_path):
@@ -169,7 +169,7 @@ def test_smoke_dry_run_of_a_7b_recipe_prints_the_smoke_config_and_the_plan(monke
     assert cfg["trainer"]["save_freq"] == -1 and cfg["trainer"]["logger"] == ["console", "file"]
     log = tmp_path / "smoke-logs" / "run_rpg_7b_urkl1e-4.jsonl"
     assert cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["VERL_FILE_LOGGER_PATH"] == str(log)
-    assert cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] == 0.8  # the recipe's settings stay
+    assert cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] == 0.75  # the recipe's settings stay
     assert err.count(PLAN_LINE) == 1 and "budget 80.0 GiB" in err
     assert f"[rpg] smoke run (SMOKE=1): 2 steps of {batch} prompts, metrics to {log}" in err
     assert list(tmp_path.iterdir()) == []  # a dry run makes no folder
