@@ -21,10 +21,11 @@ the recipe's variables and every `oc.env` in this process (`finish`), then it
    and checks that this node has what a local launch needs (vLLM, flash-attn, the GPUs; a dry run only warns);
 6. then either prints the resolved config as YAML and a summary (`rpg.preflight.summary`) and exits (`RPG_DRY_RUN=1`,
    no Ray, a few seconds) or hands the config to verl's `run_ppo` with verl's own TaskRunner (v1, or the legacy one
-   if `trainer.use_v1=False`), with one addition for a run that selects a mode needing more than registered names (a
-   frozen, periodic or EMA reference, an adaptive β, `grpo_wk3`, schedule-free): `RPG_INSTALL` in the Ray runtime
+   if `trainer.use_v1=False`), with two additions: for a run that selects a mode needing more than registered names
+   (a frozen, periodic or EMA reference, an adaptive β, `grpo_wk3`, schedule-free), `RPG_INSTALL` in the Ray runtime
    environment (`rpg.install`, the one installation point, run by the plugin entry point at `import verl` in every
-   process).
+   process); with several nodes that save, Ray being up, the TaskRunner starts only once every node has seen the same
+   `CKPTS_DIR` (`rpg.preflight.shared_ckpt`).
 
 `SMOKE=1` (`rpg.smoke`) appends the smoke overrides to the recipe's (2 steps, the smallest batch that fills every
 rank; verl's file log in `RPG_SMOKE_DIR`, default outputs/smoke), samples the GPUs' memory during the run and prints
@@ -182,6 +183,7 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         sys.stdout.flush()
         return
     from rpg import install, smoke
+    from rpg.preflight import shared_ckpt
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
     quiet_engine_warnings(os.environ)  # and in the Ray processes this launch starts
@@ -190,15 +192,16 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         value = install.export(config, validated.install)
         print(f"[rpg] {install.ENV}={value}: installed in every process of the run (rpg/install.py)", file=sys.stderr)
 
+    if config.trainer.use_v1:
+        runner = TaskRunnerV1
+    else:
+        from verl.trainer.main_ppo_v0 import TaskRunner as runner
+    if shared_ckpt.needs_check(config):  # several nodes that save: CKPTS_DIR shared, checked once Ray is up
+        runner = shared_ckpt.CheckedTaskRunner(runner, config)
     sampler = smoke.GpuMemorySampler().start() if smoke_run is not None else None
     start = time.monotonic()
     try:
-        if config.trainer.use_v1:
-            run_ppo(config, task_runner_class=TaskRunnerV1)
-        else:
-            from verl.trainer.main_ppo_v0 import TaskRunner
-
-            run_ppo(config, task_runner_class=TaskRunner)
+        run_ppo(config, task_runner_class=runner)
     finally:
         if sampler is not None:
             sampler.stop()

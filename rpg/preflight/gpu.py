@@ -4,9 +4,16 @@
   (`[rpg] GPU memory plan (per GPU, <model>, budget B GiB): rollout R GiB, update U GiB`) or why none was made (the
   model's config.json is neither on disk, in the Hugging Face cache nor in the shipped table); a phase over budget
   is an error, in a dry run and at launch, naming the phase, the numbers and the settings that would fit;
+  (`RPG_MEMORY_PLAN=warn`, the opt-out of a user who measured, turns that error into a warning);
 * what a local launch (no RAY_ADDRESS) needs on this node before Ray starts (`runtime_problems`): vLLM for
-  `rollout.name=vllm`, flash-attn for verl's default `attn_implementation=flash_attention_2`, and at least
-  `trainer.n_gpus_per_node` GPUs. A real launch refuses a missing one; a dry run prints them as warnings.
+  `rollout.name=vllm`; flash-attn for verl's default `attn_implementation=flash_attention_2`, with its compiled
+  extension loading; an NVIDIA driver that answers and supports the CUDA version torch was built for (torch 2.11.0
+  from PyPI: CUDA 13.0, driver >= 580); at least `trainer.n_gpus_per_node` GPUs. A real launch refuses a missing one;
+  a dry run prints them as warnings. Each message names its fix.
+
+The driver, the GPUs' memory and flash-attn's extension are asked in a child process (`rpg.preflight.gpu_probe`):
+the launcher creates no CUDA context (it would stay on GPU 0 in the process that hosts the Ray driver), and a driver
+or an extension that crashes the process loading it becomes a message, not a dead launcher.
 
 verl 0.9.1 needs flash-attn only through the attention implementation: `HFModelConfig` loads the model with
 `override_config.attn_implementation` (default `flash_attention_2`, which transformers refuses without the package);
@@ -16,29 +23,51 @@ verl 0.9.1 needs flash-attn only through the attention implementation: `HFModelC
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from omegaconf import DictConfig
 
 from rpg.preflight.compose import RecipeConfigError
+from rpg.preflight.gpu_probe import FLASH_ATTN_EXTENSION, NodeProbe, probe, torch_cuda_version
 
-FLASH_ATTN_INSTALL = "pip install ninja packaging && MAX_JOBS=8 pip install --no-build-isolation flash-attn==2.8.3"
+FLASH_ATTN_INSTALL = ('pip install wheel ninja packaging && MAX_JOBS=8 FLASH_ATTN_CUDA_ARCHS="80;90" '
+                      "pip install --no-build-isolation --no-cache-dir flash-attn==2.8.3")
+# the oldest Linux driver for each CUDA major version torch is built for (within a major version, CUDA's minor-version
+# compatibility lets a newer toolkit's build run on the major's first driver)
+MIN_DRIVER = {13: "580", 12: "525"}
+_FROM_TORCH = object()  # runtime_problems' default: read torch's CUDA version from torch/version.py
+MEMORY_PLAN_ENV = "RPG_MEMORY_PLAN"
+MEMORY_PLAN_CHOICES = ("enforce", "warn")
 
 
 def is_gpu_run(config: DictConfig) -> bool:
     return str(config.trainer.get("device", "cuda")) != "cpu"
 
 
-def check_memory_plan(config: DictConfig, budget_gib: Optional[float] = None, out=None):
-    """Print the plan line (or why there is none) on `out` (stderr); raise RecipeConfigError if a phase is over budget.
+def memory_plan_mode(environ=os.environ) -> str:
+    """RPG_MEMORY_PLAN: `enforce` (default: a plan over budget is an error) or `warn` (the opt-out of a user who
+    measured: the plan's problems are printed as warnings and the launch goes on)."""
+    mode = environ.get(MEMORY_PLAN_ENV, "").strip().lower() or "enforce"
+    if mode not in MEMORY_PLAN_CHOICES:
+        raise RecipeConfigError(f"{MEMORY_PLAN_ENV}={environ[MEMORY_PLAN_ENV]!r} is not valid; choose one of: "
+                                f"{' '.join(MEMORY_PLAN_CHOICES)}")  # fmt: skip
+    return mode
+
+
+def check_memory_plan(config: DictConfig, budget_gib: Optional[float] = None, out=None, node: Optional[NodeProbe] = None):
+    """Print the plan line (or why there is none) on `out` (stderr); raise RecipeConfigError if a phase is over budget
+    (with RPG_MEMORY_PLAN=warn: print the problems as warnings instead). `node`: this node's NVML answers for the
+    budget (default: asked in a child process when GPU_MEMORY_GIB is unset).
 
     Returns the `MemoryPlan`, or None when the model's shape is unknown or the engine is not estimated."""
     from rpg.preflight.memory import budget_from_env, memory_plan
 
     out = out or sys.stderr
+    mode = memory_plan_mode()
     try:
-        budget = budget_from_env() if budget_gib is None else float(budget_gib)
+        budget = budget_from_env(node) if budget_gib is None else float(budget_gib)
     except ValueError as e:  # a bad GPU_MEMORY_GIB
         raise RecipeConfigError(str(e)) from None
     try:
@@ -48,51 +77,90 @@ def check_memory_plan(config: DictConfig, budget_gib: Optional[float] = None, ou
         return None
     print(plan.line(), file=out)
     problems = plan.problems()
-    if problems:
-        raise RecipeConfigError("GPU memory plan over budget (docs/gpu.md#memory-plan):\n- " + "\n- ".join(problems))
+    if problems and mode == "warn":
+        for problem in problems:
+            print(f"[rpg] warning ({MEMORY_PLAN_ENV}=warn, going on): {problem}", file=out)
+    elif problems:
+        raise RecipeConfigError(
+            "GPU memory plan over budget (docs/gpu.md#memory-plan):\n- " + "\n- ".join(problems) + f"\nIf you "
+            f"measured that it fits (e.g. a smoke run's GPU peaks), set {MEMORY_PLAN_ENV}=warn to launch anyway.")
     return plan
 
 
-def _device_count() -> int:
-    try:
-        import torch
+def _probe_node(config: DictConfig, find_spec) -> NodeProbe:
+    """NVML (driver, GPUs) and, when verl will load flash-attn, its compiled extension: in one child process."""
+    what = ["nvml"] + (["flash_attn"] if _wants_flash_attn(config) and find_spec("flash_attn") is not None else [])
+    return probe(what)
 
-        return int(torch.cuda.device_count())
-    except Exception:  # noqa: BLE001 -- no torch or no driver: no GPU
-        return 0
+
+def _wants_flash_attn(config: DictConfig) -> bool:
+    model = config.actor_rollout_ref.model
+    return (model.get("override_config", None) or {}).get("attn_implementation", "flash_attention_2") == "flash_attention_2"
 
 
 def runtime_problems(
     config: DictConfig,
     find_spec: Optional[Callable[[str], object]] = None,
-    device_count: Optional[Callable[[], int]] = None,
+    node: Optional[NodeProbe] = None,
+    torch_cuda: Union[str, None, object] = _FROM_TORCH,
 ) -> list[str]:
-    """What this node lacks to run `config` locally: engines that cannot be imported, fewer GPUs than asked for.
-    `find_spec` (default importlib.util.find_spec) and `device_count` (default torch.cuda.device_count): for tests."""
-    find_spec, device_count = find_spec or importlib.util.find_spec, device_count or _device_count
+    """What this node lacks to run `config` locally, each with its fix: vLLM and flash-attn importable, flash-attn's
+    compiled extension loading, a driver that answers and supports torch's CUDA, at least `n_gpus_per_node` GPUs.
+    `find_spec` (default importlib.util.find_spec), `node` (default: `probe` in a child process) and `torch_cuda`
+    (torch's CUDA version, default read from torch/version.py): for tests."""
+    find_spec = find_spec or importlib.util.find_spec
+    node = node if node is not None else _probe_node(config, find_spec)
+    torch_cuda = torch_cuda_version() if torch_cuda is _FROM_TORCH else torch_cuda
     problems, python = [], sys.executable
-    arr = config.actor_rollout_ref
-    if str(arr.rollout.name) == "vllm" and find_spec("vllm") is None:
+    if str(config.actor_rollout_ref.rollout.name) == "vllm" and find_spec("vllm") is None:
         problems.append(
             f"actor_rollout_ref.rollout.name=vllm, but vllm cannot be imported by {python}. Fix: install the GPU "
             f"requirements in this environment (pip install -r requirements-gpu.txt, docs/gpu.md#install), or set "
             f"PYTHON to the interpreter that has them"
         )
-    attn = (arr.model.get("override_config", None) or {}).get("attn_implementation", "flash_attention_2")
-    if attn == "flash_attention_2" and find_spec("flash_attn") is None:
+    attn = "actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2 (verl's default)"
+    if _wants_flash_attn(config) and find_spec("flash_attn") is None:
+        problems.append(f"{attn} needs flash-attn, which {python} cannot import. Fix: {FLASH_ATTN_INSTALL} "
+                        f"(docs/gpu.md#install)")  # fmt: skip
+    elif _wants_flash_attn(config) and node.flash_attn_error:
         problems.append(
-            f"actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2 (verl's default) needs "
-            f"flash-attn, which {python} cannot import. Fix: {FLASH_ATTN_INSTALL} (docs/gpu.md#install)"
+            f"{attn}: flash-attn is installed but its compiled extension {FLASH_ATTN_EXTENSION} does not load "
+            f"({node.flash_attn_error}); every worker would fail the same way when it loads the model. It was built "
+            f"against another torch or CUDA than this environment's (torch's CUDA: {torch_cuda}). Fix: rebuild it "
+            f"here: pip uninstall -y flash-attn && {FLASH_ATTN_INSTALL} (docs/gpu.md#install)"
         )
-    need, have = int(config.trainer.n_gpus_per_node), device_count()
-    if have < need:
-        seen = f"{have} GPU(s)" if have else "no GPU"
-        fix = f"N_GPUS={have}" if have else "run on a GPU node (or RPG_PROFILE=cpu for the CPU profile)"
-        problems.append(
-            f"trainer.n_gpus_per_node={need} (recipe knob N_GPUS), but torch sees {seen} on this node "
-            f"(torch.cuda.device_count()). Fix: {fix}"
-        )
+    problems += _driver_problems(node, torch_cuda, python)
+    need, have = int(config.trainer.n_gpus_per_node), node.gpu_count
+    if have is not None and have < need:  # unknown (no driver): the driver's problem above says it
+        fix = f"N_GPUS={have}" if have else "run on a GPU node"
+        problems.append(f"trainer.n_gpus_per_node={need} (recipe knob N_GPUS), but the NVIDIA driver shows "
+                        f"{have or 'no'} GPU(s) on this node (NVML). Fix: {fix}")  # fmt: skip
     return problems
+
+
+def _driver_problems(node: NodeProbe, torch_cuda: Optional[str], python: str) -> list[str]:
+    if node.crashed:
+        return [f"{node.crashed}. A driver that crashes the process asking it would crash every worker. Fix: check "
+                f"the driver with nvidia-smi (reload it or reboot the node)"]  # fmt: skip
+    if node.nvml_error:
+        return [f"no NVIDIA driver answers on this node ({node.nvml_error}), so torch would see no GPU. Fix: run on "
+                f"a GPU node whose driver is loaded (nvidia-smi lists the GPUs), or RPG_PROFILE=cpu for the CPU "
+                f"profile"]  # fmt: skip
+    if torch_cuda is None:
+        return [f"torch in {python} is not a CUDA build (torch.version.cuda is None). Fix: a fresh virtualenv with "
+                f"pip install -r requirements-gpu.txt (docs/gpu.md#install), or set PYTHON to its interpreter"]
+    if node.driver_cuda is None:
+        return []
+    major = int(str(torch_cuda).split(".")[0])
+    if major <= node.driver_cuda[0]:
+        return []  # the same major version runs on its first driver (CUDA minor-version compatibility)
+    have = "{}.{}".format(*node.driver_cuda)
+    return [
+        f"torch in {python} is built for CUDA {torch_cuda}, but the NVIDIA driver {node.driver} supports CUDA up to "
+        f"{have} (nvidia-smi's \"CUDA Version\"): torch would see no GPU. Fix: upgrade the driver to "
+        f"{MIN_DRIVER.get(major, 'the one for CUDA ' + str(major))} or newer, or install the CUDA 12 builds of torch "
+        f"and vLLM (docs/gpu.md#older-drivers)"
+    ]
 
 
 def check_gpu_launch(config: DictConfig, *, dry_run: bool, local: bool, out=None) -> None:
@@ -101,10 +169,12 @@ def check_gpu_launch(config: DictConfig, *, dry_run: bool, local: bool, out=None
     if not is_gpu_run(config):
         return
     out = out or sys.stderr
-    check_memory_plan(config, out=out)
-    if not (dry_run or local):
+    if not (dry_run or local):  # a Ray job: the budget is this node's GPU (or GPU_MEMORY_GIB), the rest the cluster's
+        check_memory_plan(config, out=out)
         return
-    problems = runtime_problems(config)
+    node = _probe_node(config, importlib.util.find_spec)  # one child process for the driver, the GPUs, flash-attn
+    check_memory_plan(config, out=out, node=node)
+    problems = runtime_problems(config, node=node)
     if dry_run:
         for problem in problems:
             print(f"[rpg] dry run: a local launch would refuse: {problem}", file=out)

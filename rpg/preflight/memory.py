@@ -13,7 +13,10 @@ needs one) a reference model. A training step has two phases whose peaks are est
   optimizer states unless ``fsdp_config.optimizer_offload`` (offloaded on leaving ``train_mode``). The optimizer
   states are created lazily by the first ``optimizer.step()``, so the tightest moment is the KV-cache resume of the
   *second* step. Gradients are freed (``zero_grad`` on leaving ``train_mode``). The weight sync moment (vLLM weights
-  resumed, a ``update_weights_bucket_megabytes`` bucket, the KV cache not yet) is estimated too.
+  resumed, a ``update_weights_bucket_megabytes`` bucket, the KV cache not yet) is estimated too. vLLM's sampler
+  (``sampler_gib``: log-probs of up to ``max_num_seqs`` rows over the vocabulary) is profiled by vLLM at start-up in
+  verl's ``processed_logprobs`` mode, so it shrinks the KV cache inside the pool; in a ``raw_*`` mode its unprofiled
+  log-probs tensor is a rollout term of its own.
 * **update**: vLLM sleeps (level 2 with vLLM ≥ 0.18: weights and KV cache discarded; with
   ``free_cache_engine=False`` it keeps its whole pool). The trainer holds fp32 parameter, gradient and optimizer
   shards (the optimizer is loaded back onto the GPU for the update even with ``optimizer_offload``), the bf16
@@ -161,6 +164,9 @@ class Settings:
     reference: bool = False  # verl builds a reference model (need_reference_policy)
     weight_bucket_mib: int = 2048  # rollout.checkpoint_engine.update_weights_bucket_megabytes
     strategy: str = "fsdp"
+    max_num_seqs: int = 1024  # rollout.max_num_seqs: rows vLLM samples in one decode step (at most)
+    max_num_batched_tokens: int = 8192  # rollout.max_num_batched_tokens: bounds those rows too
+    logprobs_mode: str = "processed_logprobs"  # rollout.logprobs_mode (verl 0.9.1's default)
 
     def replace(self, **kw: Any) -> "Settings":
         return dataclasses.replace(self, **kw)
@@ -180,6 +186,7 @@ class MemoryPlan:
     startup_free_needed_gib: float = 0.0  # what vLLM needs free at start-up (fraction × total)
     startup_trainer_gib: float = 0.0  # what the trainer holds when vLLM starts
     kv_cache_gib: float = 0.0
+    sampler_gib: float = 0.0  # vLLM's sampler peak (inside the pool unless counted as a rollout term)
     headroom_gib: float = HEADROOM_GIB
 
     @property
@@ -204,7 +211,8 @@ class MemoryPlan:
         for phase, terms in (("rollout", self.rollout), ("update", self.update)):
             rows.append(f"  {phase}: " + ", ".join(f"{k} {v:.2f}" for k, v in terms.items() if v))
         rows.append("  moments: " + ", ".join(f"{k} {v:.1f}" for k, v in self.moments.items()))
-        rows.append(f"  vLLM KV cache ~{self.kv_cache_gib:.1f} GiB (~{self.kv_cache_tokens:,} tokens per GPU)")
+        rows.append(f"  vLLM KV cache ~{self.kv_cache_gib:.1f} GiB (~{self.kv_cache_tokens:,} tokens per GPU), after "
+                    f"its sampler peak ~{self.sampler_gib:.2f} GiB")
         return "\n".join(rows)
 
     @property
@@ -225,6 +233,7 @@ class MemoryPlan:
         if self.rollout_gib > self.limit_gib:
             frac = self.max_gpu_memory_utilization()
             resident = {k: v for k, v in self.rollout.items() if k in ("actor params", "optimizer states")}
+            others = self.rollout_gib - s.gpu_memory_utilization * self.budget_gib
             fixes = [f"lower actor_rollout_ref.rollout.gpu_memory_utilization from {s.gpu_memory_utilization:g} to "
                      f"{frac:.2f} or below (vLLM's pool is that fraction of the GPU's total memory)"]
             if "optimizer states" in resident:
@@ -240,7 +249,7 @@ class MemoryPlan:
                 f"GPU memory plan: the rollout phase needs about {self.rollout_gib:.1f} GiB per GPU, over the "
                 f"{self.budget_gib:.1f} GiB budget less {self.headroom_gib:.1f} GiB headroom ({self.limit_gib:.1f} GiB): "
                 f"vLLM {s.gpu_memory_utilization:g} × {self.budget_gib:.1f} GiB = {s.gpu_memory_utilization * self.budget_gib:.1f} GiB "
-                f"plus {self.rollout_gib - s.gpu_memory_utilization * self.budget_gib:.1f} GiB the trainer keeps "
+                f"plus {others:.1f} GiB outside vLLM's pool "
                 f"({', '.join(f'{k} {v:.1f}' for k, v in self.rollout.items() if not k.startswith('vLLM pool') and v)}); "
                 f"the first OOM would come at the KV-cache resume of step 2 (optimizer states exist after step 1). "
                 f"To fit: " + "; or ".join(fixes) + ".")
@@ -292,6 +301,28 @@ def activation_bytes_per_token_layer(m: ModelShape, compute_bytes: int = 2) -> f
     return norms + attn + mlp
 
 
+SAMPLER_BYTES_PER_ROW_TOKEN = 2 + 4 + 4 + 4 + 4  # bf16 logits, fp32 copy, fp32 log-probs, probs, exponential noise
+UNPROFILED_LOGPROBS_BYTES = 4  # raw_* modes: the fp32 log-probs vLLM's profile run does not compute
+
+
+def sampler_gib(m: ModelShape, s: Settings) -> tuple[float, float]:
+    """(vLLM 0.24's sampler peak, the part of it outside vLLM's pool) per GPU, GiB (docs/gpu.md#sampler).
+
+    vLLM samples `n = min(max_num_seqs, max_num_batched_tokens)` rows at most per decode step. With verl's
+    `calculate_log_probs` (log-probs of the sampled tokens) and `temperature > 0`, `Sampler.forward` holds, over
+    `n × vocab`: the model's bf16 logits (2 bytes), their fp32 copy (4), and in `TopKTopPSampler.forward_native` (bound
+    whenever `logprobs_mode` is `processed_*`) the fp32 log-softmax it returns (4), the fp32 softmax (4) and the fp32
+    exponential noise of `random_sample` (4): 18 bytes per row and vocabulary entry (Qwen2.5-7B, 1024 rows:
+    18 × 1024 × 152,064 B = 2.61 GiB). vLLM's start-up profile (`_dummy_sampler_run`, the same n rows, top-k/top-p
+    on) runs that same path, so in the `processed_*` modes the peak sits inside the pool (it shrinks the KV cache);
+    with `raw_logprobs`/`raw_logits` the profile computes no log-probs, so their fp32 tensor (4 bytes) comes on top.
+    """
+    rows = max(min(int(s.max_num_seqs), int(s.max_num_batched_tokens)), 1)
+    peak = SAMPLER_BYTES_PER_ROW_TOKEN * rows * m.vocab_size / GIB  # every TP rank samples the gathered logits
+    outside = UNPROFILED_LOGPROBS_BYTES * rows * m.vocab_size / GIB if s.logprobs_mode.startswith("raw") else 0.0
+    return peak, outside
+
+
 def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB, model: str = "") -> MemoryPlan:
     """The per-GPU plan of `m` under `s` (pure arithmetic, GiB)."""
     P, dp = m.param_count(), max(s.n_gpus, 1)
@@ -303,8 +334,10 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
     # rollout: vLLM awake
     pool = s.gpu_memory_utilization * budget_gib
     vllm_weights = P * 2 / s.rollout_tp / GIB
+    sampler_peak, sampler_outside = sampler_gib(m, s)
     rollout = {
         f"vLLM pool ({s.gpu_memory_utilization:g} × budget)": pool,
+        "vLLM sampler beyond its profile": sampler_outside,
         "vLLM CUDA context": CUDA_CONTEXT_GIB,
         **trainer_fixed,
         "actor params": 0.0 if s.param_offload else shard,
@@ -351,7 +384,9 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
         plan.rollout = {"moment: weight sync": 0.0, "trainer + vLLM weights + bucket": sync}
     plan.startup_free_needed_gib = pool
     plan.startup_trainer_gib = CUDA_CONTEXT_GIB + NCCL_GIB + (0.0 if s.param_offload else shard)
-    plan.kv_cache_gib = pool - vllm_weights - 1.0  # ~1 GiB of vLLM's profiled activations and non-torch memory
+    # the pool less vLLM's weights, its profiled sampler peak and ~1 GiB of other activations and non-torch memory
+    plan.kv_cache_gib = pool - vllm_weights - (sampler_peak - sampler_outside) - 1.0
+    plan.sampler_gib = sampler_peak
     return plan
 
 
@@ -465,11 +500,16 @@ def settings_from_config(config: Any) -> Settings:
         reference=_needs_reference(config),
         weight_bucket_mib=int(bucket),
         strategy=str(actor.get("strategy", "fsdp")),
+        max_num_seqs=int(rollout.get("max_num_seqs", 1024) or 1024),
+        max_num_batched_tokens=int(rollout.get("max_num_batched_tokens", 8192) or 8192),
+        logprobs_mode=str(rollout.get("logprobs_mode", "processed_logprobs") or "processed_logprobs"),
     )
 
 
-def budget_from_env() -> float:
-    """GPU_MEMORY_GIB if set, else the local GPU's total memory when torch sees one, else 80."""
+def budget_from_env(node: Any = None) -> float:
+    """GPU_MEMORY_GIB if set, else the smallest total memory of this node's GPUs as NVML reports it (`node`, a
+    `rpg.preflight.gpu_probe.NodeProbe`; default: asked in a child process, so the launcher creates no CUDA context),
+    else 80."""
     raw = os.environ.get(BUDGET_ENV, "").strip()
     if raw:
         try:
@@ -479,13 +519,12 @@ def budget_from_env() -> float:
         if not value > 0:
             raise ValueError(f"{BUDGET_ENV}={raw!r} is not a positive number of GiB (e.g. {BUDGET_ENV}=80)")
         return value
-    try:
-        import torch
+    if node is None:
+        from rpg.preflight.gpu_probe import probe
 
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(0).total_memory / GIB
-    except Exception:  # noqa: BLE001 - no torch / no driver: the nominal default
-        pass
+        node = probe(("nvml",))
+    if node.gpu_total_bytes:
+        return min(node.gpu_total_bytes) / GIB
     return DEFAULT_BUDGET_GIB
 
 

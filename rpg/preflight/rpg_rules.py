@@ -5,7 +5,6 @@ Driven by the loss table (`rpg.loss_table`)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig
@@ -135,29 +134,6 @@ def _rule_reference_model(config: DictConfig, settings) -> Optional[str]:
     return None
 
 
-SHARED_CKPT_ENV = "RPG_SHARED_CKPT"
-
-
-def _rule_periodic_state_reachable(config: DictConfig, settings) -> Optional[str]:
-    """The periodic reference's state (`rpg.reference.periodic`) is written by rank 0 next to verl's checkpoint and
-    read by every rank on resume: on several nodes the checkpoint folder must be shared (declared RPG_SHARED_CKPT=1)."""
-    shared = os.environ.get(SHARED_CKPT_ENV, "0").strip()
-    if shared not in ("0", "1", ""):
-        return f"{SHARED_CKPT_ENV}={shared!r} is not valid; choose one of: 0 1"
-    nnodes = int(config.trainer.nnodes)
-    if settings.reference not in WRITTEN_REFERENCES or nnodes <= 1 or shared == "1":
-        return None
-    return (
-        f"policy_loss.reference={settings.reference} with trainer.nnodes={nnodes} (recipe knob NNODES): the "
-        f"reference's "
-        f"state (rpg_reference/ next to each checkpoint under trainer.default_local_dir, recipe knob CKPTS_DIR) is "
-        f"written by rank 0 and read by every rank on resume. verl's own FSDP shards resume from each node's local "
-        f"disk, but the ranks of the other nodes would not find this state there. Fix: put CKPTS_DIR on a filesystem "
-        f"every node mounts at the same path and declare it with {SHARED_CKPT_ENV}=1 (passed to Ray jobs), or run "
-        f"on one node (NNODES=1)"
-    )
-
-
 WRITTEN_REFERENCES = ("periodic", "ema")  # the reference modes that write the reference engine's weights
 
 
@@ -224,7 +200,6 @@ RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
     _rule_bypass,
     _rule_no_kl_in_reward,
     _rule_reference_model,
-    _rule_periodic_state_reachable,
     _rule_periodic_not_separate_async,
     _rule_written_reference_engine,
     _rule_no_adaptive_kl_ctrl,
@@ -248,7 +223,6 @@ def validate_rpg(config: DictConfig):
     * `reference=iterative` ⇒ no verl KL loss with a non-zero coefficient (it would be a second KL);
     * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
       `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
-    * `reference=periodic|ema` on several nodes ⇒ the checkpoint folder is declared shared (`RPG_SHARED_CKPT=1`);
     * `reference=periodic|ema` or `kl_control=adaptive` ⇒ not `trainer.v1.trainer_mode=separate_async` (untested);
     * `reference=periodic|ema` ⇒ FSDP engines and no LoRA (the fused worker's reference engine); `ema` ⇒ the
       reference stored in fp32;

@@ -207,11 +207,11 @@ def test_every_gpu_recipe_runs_actor_and_reference_on_fsdp2(script):
 def test_every_gpu_recipe_plans_within_80_gib(script, capsys):
     cfg = validated(script).config
     capsys.readouterr()
-    expected = 0.8 if script.parent.name == "7b" else 0.85  # docs/differences.md#d28
+    expected = 0.75 if script.parent.name == "7b" else 0.8  # docs/differences.md#d28
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == expected
     plan = check_memory_plan(cfg, budget_gib=80)
     assert plan is not None and plan.problems() == []
-    assert max(plan.rollout_gib, plan.update_gib) <= 80 - plan.headroom_gib
+    assert max(plan.rollout_gib, plan.update_gib) <= 80 - plan.headroom_gib - 4  # 4 GiB under the limit (sampler counted)
     assert capsys.readouterr().err == plan.line() + "\n"
 
 

@@ -73,11 +73,16 @@ def test_verls_adaptive_kl_ctrl_is_refused_with_the_pointer(base):
     assert "docs/losses.md#adaptive-beta" in str(e.value)
 
 
-def test_ema_on_several_nodes_needs_a_shared_checkpoint_dir(base, monkeypatch):
-    monkeypatch.delenv("RPG_SHARED_CKPT", raising=False)
-    with pytest.raises(RecipeConfigError, match=r"reference=ema with trainer\.nnodes=2"):
-        validate_rpg(cfg_with(base, **EMA, trainer__nnodes=2))
-    validate_rpg(cfg_with(base, **BETA, trainer__nnodes=2))  # β's state is broadcast from rank 0
+def test_ema_on_several_nodes_gets_the_shared_checkpoint_check(base):
+    """The EMA reference's weights are written by each rank and its state by rank 0 next to verl's checkpoint: on
+    several nodes the launcher checks that every node sees CKPTS_DIR (rpg.preflight.shared_ckpt) before training, as
+    for every run that saves; the rules no longer ask for a declaration."""
+    from rpg.preflight import shared_ckpt
+
+    cfg = cfg_with(base, **EMA, trainer__nnodes=2, trainer__save_freq=20)
+    validate_rpg(cfg)
+    assert shared_ckpt.needs_check(cfg)
+    assert not shared_ckpt.needs_check(cfg_with(base, **EMA, trainer__save_freq=20))  # one node
 
 
 def test_fsdp1_is_refused_for_ema(base):

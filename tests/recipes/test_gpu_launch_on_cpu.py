@@ -23,7 +23,7 @@ def rpg_4b():
 
 # ---- 1. FSDP2 where tested ---------------------------------------------------------------------------------------------
 def test_the_gpu_scripts_are_found():
-    assert (len(SCRIPTS_7B), len(SCRIPTS_4B)) == (60, 30)  # the authors' 60, the paper's 4B rows and the async one
+    assert (len(SCRIPTS_7B), len(SCRIPTS_4B)) == (60, 34)  # the authors' 60; the paper's 4B rows, async, EMA, β, seq, GSPO
 
 
 ARR = "actor_rollout_ref__"
@@ -70,7 +70,28 @@ def test_an_over_budget_7b_run_is_refused_naming_the_setting(dapo_7b, capsys):
     assert "rollout phase needs about" in message
     assert "lower actor_rollout_ref.rollout.gpu_memory_utilization from 0.95 to 0.80 or below" in message
     assert "optimizer_offload=True" in message  # the other ways to fit
+    assert "set RPG_MEMORY_PLAN=warn to launch anyway" in message  # the opt-out of a user who measured
     assert capsys.readouterr().err.count(PLAN_LINE) == 1  # the line comes first, once
+
+
+def test_the_opt_out_lets_a_dry_run_over_budget_through_with_warnings(monkeypatch, capsys, tmp_path):
+    """`RPG_MEMORY_PLAN=warn RPG_DRY_RUN=1 bash <7b script> ...=0.95` (in-process through `rpg.launch.main`)."""
+    from rpg import launch
+
+    monkeypatch.setattr(sys, "argv", ["rpg.launch"])
+    monkeypatch.chdir(tmp_path)
+    for name, value in {"RPG_DRY_RUN": "1", "GPU_MEMORY_GIB": "80", "RPG_MEMORY_PLAN": "warn"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("RAY_ADDRESS", "SMOKE"):
+        monkeypatch.delenv(name, raising=False)
+    launch.main(overrides(RECIPE / "7b" / "run_dapo_7b.sh") + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.95"])
+    out, err = capsys.readouterr()
+    assert "gpu_memory_utilization: 0.95" in out  # the dry run went through to the YAML
+    assert err.count(PLAN_LINE) == 1 and "[rpg] warning (RPG_MEMORY_PLAN=warn, going on): GPU memory plan: the " \
+        "rollout phase needs about" in err
+    monkeypatch.setenv("RPG_MEMORY_PLAN", "ignore")
+    with pytest.raises(RecipeConfigError, match="RPG_MEMORY_PLAN='ignore' is not valid; choose one of: enforce warn"):
+        check_memory_plan(validated(RECIPE / "7b" / "run_dapo_7b.sh").config, budget_gib=80)
 
 
 def test_the_budget_comes_from_gpu_memory_gib(dapo_7b, monkeypatch, capsys):
@@ -111,7 +132,7 @@ def test_dry_run_prints_the_plan_once(monkeypatch, capsys, tmp_path):
     launch.main(overrides(RECIPE / "7b" / "run_dapo_7b.sh"))
     out, err = capsys.readouterr()
     assert out.strip() and err.count(PLAN_LINE) == 1, err[-3000:]
-    assert "[rpg] GPU memory plan (per GPU, Qwen/Qwen2.5-Math-7B, budget 80.0 GiB): rollout 76.3 GiB" in err
+    assert "[rpg] GPU memory plan (per GPU, Qwen/Qwen2.5-Math-7B, budget 80.0 GiB): rollout 72.3 GiB" in err
 
 
 def test_real_dry_run_prints_the_plan_once_and_refuses_over_budget(tmp_path):
@@ -148,7 +169,7 @@ def test_smoke_dry_run_of_a_7b_recipe_prints_the_smoke_config_and_the_plan(monke
     assert cfg["trainer"]["save_freq"] == -1 and cfg["trainer"]["logger"] == ["console", "file"]
     log = tmp_path / "smoke-logs" / "run_rpg_7b_urkl1e-4.jsonl"
     assert cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["VERL_FILE_LOGGER_PATH"] == str(log)
-    assert cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] == 0.8  # the recipe's settings stay
+    assert cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] == 0.75  # the recipe's settings stay
     assert err.count(PLAN_LINE) == 1 and "budget 80.0 GiB" in err
     assert f"[rpg] smoke run (SMOKE=1): 2 steps of {batch} prompts, metrics to {log}" in err
     assert list(tmp_path.iterdir()) == []  # a dry run makes no folder
@@ -166,11 +187,12 @@ def test_smoke_settings_are_passed_on_to_the_launch_and_to_ray_jobs():
     import json
 
     proc = run_script(RECIPE / "7b" / "run_dapo_7b.sh", RPG_PRINT_ARGV="1", SMOKE="1", RPG_SMOKE_DIR="/tmp/smoke",
-                      GPU_MEMORY_GIB="141", RPG_SHARED_CKPT="1")  # fmt: skip
+                      GPU_MEMORY_GIB="141", RPG_MEMORY_PLAN="warn")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     env = json.loads(proc.stdout)["env"]  # the environment a local run gets and a Ray job receives
-    assert {k: env.get(k) for k in ("SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB", "RPG_SHARED_CKPT")} == {
-        "SMOKE": "1", "RPG_SMOKE_DIR": "/tmp/smoke", "GPU_MEMORY_GIB": "141", "RPG_SHARED_CKPT": "1"}
+    keys = ("SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB", "RPG_MEMORY_PLAN")
+    assert {k: env.get(k) for k in keys} == {"SMOKE": "1", "RPG_SMOKE_DIR": "/tmp/smoke", "GPU_MEMORY_GIB": "141",
+                                             "RPG_MEMORY_PLAN": "warn"}
 
 
 # ---- 4. Interpreter and engines --------------------------------------------------------------------------------------
@@ -212,19 +234,26 @@ def _spec(missing: set):
     return lambda name: None if name in missing else object()
 
 
+def _node(gpus: int = 8):
+    from rpg.preflight.gpu_probe import NodeProbe
+
+    return NodeProbe(driver="580.65.06", driver_cuda=(13, 0), gpu_total_bytes=[80 << 30] * gpus)
+
+
 @pytest.mark.parametrize("missing, gpus, needles", [
     (set(), 8, []),
     ({"vllm"}, 8, ["actor_rollout_ref.rollout.name=vllm, but vllm cannot be imported",
                    "pip install -r requirements-gpu.txt"]),
     ({"flash_attn"}, 8, ["attn_implementation=flash_attention_2 (verl's default) needs flash-attn",
-                         "MAX_JOBS=8 pip install --no-build-isolation flash-attn==2.8.3"]),
-    (set(), 4, ["trainer.n_gpus_per_node=8 (recipe knob N_GPUS), but torch sees 4 GPU(s)", "Fix: N_GPUS=4"]),
-    (set(), 0, ["torch sees no GPU on this node", "run on a GPU node"]),
+                         'FLASH_ATTN_CUDA_ARCHS="80;90" pip install --no-build-isolation']),
+    (set(), 4, ["trainer.n_gpus_per_node=8 (recipe knob N_GPUS), but the NVIDIA driver shows 4 GPU(s)",
+                "Fix: N_GPUS=4"]),
 ])  # fmt: skip
 def test_what_a_local_launch_needs(dapo_7b, missing, gpus, needles):
+    """Every message of the driver, flash-attn's extension and the probe's crash: tests/preflight/test_gpu_probe."""
     from rpg.preflight.gpu import runtime_problems
 
-    problems = runtime_problems(dapo_7b, find_spec=_spec(missing), device_count=lambda: gpus)
+    problems = runtime_problems(dapo_7b, find_spec=_spec(missing), node=_node(gpus), torch_cuda="13.0")
     assert len(problems) == len(needles) // 2
     for needle in needles:
         assert needle in "\n".join(problems)
@@ -234,14 +263,15 @@ def test_flash_attn_is_not_needed_with_another_attention(dapo_7b):
     from rpg.preflight.gpu import runtime_problems
 
     sdpa = cfg_with(dapo_7b, actor_rollout_ref__model__override_config__attn_implementation="sdpa")
-    assert runtime_problems(sdpa, find_spec=_spec({"flash_attn"}), device_count=lambda: 8) == []
+    assert runtime_problems(sdpa, find_spec=_spec({"flash_attn"}), node=_node(), torch_cuda="13.0") == []
 
 
 def test_a_local_launch_refuses_what_a_dry_run_warns_about(dapo_7b, monkeypatch, capsys):
     from rpg.preflight import gpu
 
     monkeypatch.setattr(gpu.importlib.util, "find_spec", _spec({"vllm", "flash_attn"}))
-    monkeypatch.setattr(gpu, "_device_count", lambda: 2)
+    monkeypatch.setattr(gpu, "probe", lambda what: _node(2))
+    monkeypatch.setattr(gpu, "torch_cuda_version", lambda: "13.0")
     monkeypatch.setenv("GPU_MEMORY_GIB", "80")
     gpu.check_gpu_launch(dapo_7b, dry_run=True, local=True)
     err = capsys.readouterr().err
@@ -252,22 +282,17 @@ def test_a_local_launch_refuses_what_a_dry_run_warns_about(dapo_7b, monkeypatch,
     gpu.check_gpu_launch(dapo_7b, dry_run=False, local=False)  # a Ray job: the cluster's nodes are not this one
 
 
-# ---- 5. Several nodes without a shared filesystem --------------------------------------------------------------------
-def test_periodic_reference_on_several_nodes_needs_a_shared_checkpoint_dir(rpg_4b, monkeypatch):
+# ---- 5. Several nodes: CKPTS_DIR shared (rpg/preflight/shared_ckpt.py; its check: tests/e2e/test_shared_ckpt_dir) --
+def test_several_nodes_that_save_check_the_checkpoint_folder(rpg_4b, monkeypatch):
+    """The periodic reference's old declaration (RPG_SHARED_CKPT) is gone: every multi-node run that saves or resumes
+    from a path is checked at launch (the sentinel check), whatever the reference mode."""
     from rpg.launch import validate_rpg
+    from rpg.preflight.shared_ckpt import needs_check
 
-    monkeypatch.delenv("RPG_SHARED_CKPT", raising=False)
     periodic = cfg_with(rpg_4b, **PERIODIC, actor_rollout_ref__actor__policy_loss__ref_refresh_steps=64)
-    validate_rpg(periodic)  # one node: nothing to share
+    assert not needs_check(periodic)  # one node
     two_nodes = cfg_with(periodic, trainer__nnodes=2)
-    with pytest.raises(RecipeConfigError, match=r"reference=periodic with trainer\.nnodes=2") as e:
-        validate_rpg(two_nodes)
-    message = str(e.value)
-    assert "written by rank 0 and read by every rank" in message and "each node's local disk" in message
-    assert "RPG_SHARED_CKPT=1" in message and "NNODES=1" in message  # the fixes
-    monkeypatch.setenv("RPG_SHARED_CKPT", "1")
-    validate_rpg(two_nodes)
-    validate_rpg(cfg_with(rpg_4b, trainer__nnodes=2))  # other reference modes keep no state of their own
-    monkeypatch.setenv("RPG_SHARED_CKPT", "yes")
-    with pytest.raises(RecipeConfigError, match="RPG_SHARED_CKPT='yes' is not valid; choose one of: 0 1"):
-        validate_rpg(two_nodes)
+    validate_rpg(two_nodes)  # no rule of its own any more
+    assert needs_check(two_nodes) and needs_check(cfg_with(rpg_4b, trainer__nnodes=2))
+    assert not needs_check(cfg_with(two_nodes, trainer__save_freq=-1))  # nothing saved
+    assert needs_check(cfg_with(two_nodes, trainer__save_freq=-1, trainer__resume_mode="resume_path"))
