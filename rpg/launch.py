@@ -78,6 +78,7 @@ def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfi
     Local paths that do not exist (`check_paths`) are returned in `path_problems` (a dry run reports them), or raised
     with `real_launch=True`.
     """
+    from rpg.dynamic_sampling import check_config as check_dynamic_sampling
     from rpg.schedule_free import check_config as check_schedule_free
 
     validated = build_verl_configs(config)
@@ -87,6 +88,7 @@ def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfi
     validate_recipe(config)
     validated.rpg = validate_rpg(config)
     check_schedule_free(config)  # optimizer and trainer agree (schedule-free needs its trainer mode, and only it)
+    check_dynamic_sampling(config)  # max_num_gen_batches reaches a sampler that bounds the step
     return validated
 
 
@@ -163,12 +165,28 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
             from verl.trainer.main_ppo_v0 import TaskRunner
 
             run_ppo(config, task_runner_class=TaskRunner)
+    except Exception as e:  # noqa: BLE001 -- only the run-stopping conditions we name are turned into messages
+        stop = stop_message(e)
+        if stop is None:
+            raise
+        raise SystemExit(f"[rpg] error: {stop}") from None
     finally:
         if sampler is not None:
             sampler.stop()
     if smoke_run is not None:
         sys.stdout.write(smoke.summarize(smoke_run.log, smoke_run.full, sampler, time.monotonic() - start))
         sys.stdout.flush()
+
+
+def stop_message(error: BaseException) -> Optional[str]:
+    """The message of a condition that stops a run on purpose (`rpg.dynamic_sampling.DynamicSamplingExhausted`),
+    raised in the TaskRunner and re-raised by Ray (its `cause`); None for any other error."""
+    from rpg.dynamic_sampling import DynamicSamplingExhausted
+
+    for candidate in (getattr(error, "cause", None), error):
+        if isinstance(candidate, DynamicSamplingExhausted):
+            return str(candidate.args[0]) if candidate.args else str(candidate)
+    return None
 
 
 def list_losses(args: Sequence[str]) -> None:

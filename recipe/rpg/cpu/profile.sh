@@ -151,12 +151,11 @@ RPG_PROFILE_OVERRIDES=(
   data.dataloader_num_workers=0
   actor_rollout_ref.rollout.agent.num_workers=1
   reward.num_workers=1
-  # v1 sync trainer without its fixed 2 s poll per step (rpg/cpu/sampler.py); keeps DAPO group filtering
+  # v1 sync trainer without its fixed 2 s poll per step (rpg/cpu/sampler.py); keeps DAPO group filtering and its
+  # bound (the sampler_kwargs of rpg/config/rpg_trainer.yaml)
   trainer.v1.sampler.custom_sampler.path=pkg://rpg.cpu.sampler
   trainer.v1.sampler.custom_sampler.name=FastPollReplayBuffer
   +trainer.v1.sampler.sampler_kwargs.poll_interval=0.05
-  '+trainer.v1.sampler.sampler_kwargs.filter_groups=${algorithm.filter_groups}'
-  '+trainer.v1.sampler.sampler_kwargs.train_batch_size=${data.train_batch_size}'
   # model on CPU: FSDP2 (FSDP1 needs a GPU), eager attention (no flash-attn), CPU_DTYPE (fp32: actor and rollout agree)
   actor_rollout_ref.model.use_remove_padding=False
   actor_rollout_ref.model.enable_gradient_checkpointing=False
