@@ -24,7 +24,8 @@
 #                 (e.g. RPG_JOB_ENV="HF_HOME WANDB_API_KEY"); RPG_RAY_FOLLOW=0 returns right after the submission
 #   RPG_DRY_RUN=1 compose + validate the full config, print it as YAML and exit (no Ray, a few seconds)
 #   SMOKE=1       smoke run: the recipe for 2 steps on the smallest full batch, then per-phase seconds, peak memory and
-#                 the projected wall time (docs/gpu.md#smoke); RPG_SMOKE_DIR: its metrics folder (outputs/smoke)
+#                 the projected wall time, through a checkpoint at step 1 and its resume (docs/gpu.md#smoke);
+#                 RPG_SMOKE_DIR: its folder (outputs/smoke); SMOKE_ROLLOUT=full: the recipe's whole rollout batch
 #   GPU_MEMORY_GIB  the per-GPU budget of the memory plan every GPU run prints (default: the GPU's, else 80)
 #   RPG_PROFILE   gpu (default: the paper's setup) | cpu (sources recipe/rpg/cpu/profile.sh: tiny CPU run)
 #   OPTIM         adamw (default) | schedulefree (sources recipe/rpg/optim/schedulefree.sh)
