@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Optional, Sequence
@@ -97,6 +96,7 @@ def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfi
     with `real_launch=True`.
     """
     from rpg import install
+    from rpg.dynamic_sampling import check_config as check_dynamic_sampling
     from rpg.schedule_free import check_config as check_schedule_free
 
     validated = build_verl_configs(config)
@@ -113,6 +113,7 @@ def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfi
         install.check(validated.install)
     except RuntimeError as e:
         raise RecipeConfigError(f"invalid RPG configuration:\n- {e}") from None
+    check_dynamic_sampling(config)  # max_num_gen_batches reaches a sampler that bounds the step
     return validated
 
 
@@ -131,29 +132,41 @@ def dry_run_requested(environ=None) -> bool:
 
 @dataclasses.dataclass
 class SmokeRun:
-    """A smoke run (`SMOKE=1`, `rpg.smoke`): the recipe's config without the smoke overrides, and verl's file log."""
+    """A smoke run (`SMOKE=1`, `rpg.smoke`): the recipe's config without the smoke overrides, its smoke folder, and
+    which launch this process is (`rpg.smoke.SAVE`/`RESUME`; None: the launcher that runs both)."""
 
     full: DictConfig
-    log: Path
+    paths: "smoke.SmokePaths"  # noqa: F821
+    phase: Optional[str]
+    rollout: str = "small"
+
+    @property
+    def log(self) -> Path:
+        return self.paths.phase_log(self.phase or "")
 
 
 def smoke_setup(args: Sequence[str], dry_run: bool) -> tuple[list[str], Optional[SmokeRun]]:
-    """With SMOKE=1: the smoke overrides to append to `args` (`rpg.smoke.prepare` of the composed recipe; log folder
-    RPG_SMOKE_DIR, default outputs/smoke) and the `SmokeRun`; else ([], None). A dry run makes no folder."""
+    """With SMOKE=1: the overrides to append to `args` (`rpg.smoke.smoke_overrides` of the composed recipe, for this
+    process's launch; smoke folder RPG_SMOKE_DIR, default outputs/smoke) and the `SmokeRun`; else ([], None). A dry
+    run shows launch 2's config (the resumed step 2 and its validation) and makes no folder."""
     from rpg import smoke
 
     try:
         if not smoke.smoke_requested():
             return [], None
+        rollout = smoke.smoke_rollout()
     except ValueError as e:
         raise RecipeConfigError(str(e)) from None
     full = compose_config(args)
-    log_dir = os.environ.get(SMOKE_DIR_ENV) or "outputs/smoke"
-    if dry_run:  # leaves nothing behind: no folder made, no previous log removed
-        log = Path(log_dir).resolve() / f"{full.trainer.experiment_name}.jsonl"
-        return smoke.smoke_overrides(full, log), SmokeRun(full, log)
-    overrides, log = smoke.prepare(full, log_dir)
-    return overrides, SmokeRun(full, log)
+    if rollout == "full" and str(full.trainer.get("device", "cuda")) == "cpu":
+        raise RecipeConfigError(f"{smoke.ROLLOUT_ENV}=full decodes the recipe's whole batch to reach the GPU's "
+                                "KV-cache and sampler peak; a CPU run has neither: unset it")  # fmt: skip
+    paths = smoke.smoke_paths(full, os.environ.get(SMOKE_DIR_ENV) or "outputs/smoke")
+    phase = os.environ.get(smoke.PHASE_ENV) or (smoke.RESUME if dry_run else None)
+    if phase not in (None, smoke.SAVE, smoke.RESUME):
+        raise RecipeConfigError(f"{smoke.PHASE_ENV}={phase!r} is internal to SMOKE=1; unset it")
+    overrides = smoke.smoke_overrides(full, paths, phase, rollout) if phase else []
+    return overrides, SmokeRun(full, paths, phase, rollout)
 
 
 def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
@@ -171,8 +184,13 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
     check_gpu_launch(config, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))
     if smoke_run is not None:
-        print(f"[rpg] smoke run (SMOKE=1): {config.trainer.total_training_steps} steps of "
-              f"{config.data.train_batch_size} prompts, metrics to {smoke_run.log}", file=sys.stderr)  # fmt: skip
+        print(f"[rpg] smoke run (SMOKE=1), launch {1 if smoke_run.phase == 'save' else 2} of 2: "
+              f"{config.trainer.total_training_steps} steps of {config.data.train_batch_size} prompts, metrics to "
+              f"{smoke_run.log}, checkpoints in {config.trainer.default_local_dir}", file=sys.stderr)  # fmt: skip
+    if problem := disk_problem(config):  # the checkpoints this launch will save fit on their disk
+        if not dry_run:
+            raise RecipeConfigError(problem)
+        print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
     if dry_run:
         for problem in validated.path_problems:
             print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
@@ -182,7 +200,7 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         print("\n".join(summary_lines(config, refusals, smoke_line)))  # the last lines: what a person reads
         sys.stdout.flush()
         return
-    from rpg import install, smoke
+    from rpg import install
     from rpg.preflight import shared_ckpt
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
@@ -198,16 +216,31 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         from verl.trainer.main_ppo_v0 import TaskRunner as runner
     if shared_ckpt.needs_check(config):  # several nodes that save: CKPTS_DIR shared, checked once Ray is up
         runner = shared_ckpt.CheckedTaskRunner(runner, config)
-    sampler = smoke.GpuMemorySampler().start() if smoke_run is not None else None
-    start = time.monotonic()
     try:
         run_ppo(config, task_runner_class=runner)
-    finally:
-        if sampler is not None:
-            sampler.stop()
-    if smoke_run is not None:
-        sys.stdout.write(smoke.summarize(smoke_run.log, smoke_run.full, sampler, time.monotonic() - start))
-        sys.stdout.flush()
+    except Exception as e:  # noqa: BLE001 -- only the run-stopping conditions we name are turned into messages
+        stop = stop_message(e)
+        if stop is None:
+            raise
+        raise SystemExit(f"[rpg] error: {stop}") from None
+
+
+def disk_problem(config: DictConfig) -> Optional[str]:
+    """Why trainer.default_local_dir cannot hold the checkpoints of `config` (`rpg.preflight.disk`), or None."""
+    from rpg.preflight.disk import problem
+
+    return problem(config)
+
+
+def stop_message(error: BaseException) -> Optional[str]:
+    """The message of a condition that stops a run on purpose (`rpg.dynamic_sampling.DynamicSamplingExhausted`),
+    raised in the TaskRunner and re-raised by Ray (its `cause`); None for any other error."""
+    from rpg.dynamic_sampling import DynamicSamplingExhausted
+
+    for candidate in (getattr(error, "cause", None), error):
+        if isinstance(candidate, DynamicSamplingExhausted):
+            return str(candidate.args[0]) if candidate.args else str(candidate)
+    return None
 
 
 def list_losses(args: Sequence[str]) -> None:
@@ -256,6 +289,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         smoke_overrides, smoke_run = smoke_setup(args, dry_run)
     except RecipeConfigError as e:
         raise SystemExit(f"[rpg] error: {e}") from None
+    if smoke_run is not None and smoke_run.phase is None:  # SMOKE=1: this process runs the smoke run's two launches
+        from rpg import smoke
+
+        try:
+            if problem := disk_problem(smoke_run.full):  # the real run's checkpoints, in CKPTS_DIR
+                raise RecipeConfigError(problem)
+            smoke.run_launches(args, smoke_run.full, smoke_run.paths, smoke_run.rollout)
+        except (RecipeConfigError, ValueError, RuntimeError) as e:
+            raise SystemExit(f"[rpg] error: {e}") from None
+        return
     args += smoke_overrides  # after the recipe's: they win
     if dry_run:  # no run directory, no log file: a dry run leaves nothing behind
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled"]

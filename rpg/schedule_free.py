@@ -250,6 +250,9 @@ class ScheduleFreeActorRolloutRefWorker(ActorRolloutRefWorker):
                     # max_ckpt_to_keep=None: this second pass must not rotate (it would delete local_path)
                     self.actor.save_checkpoint(local_path, None, global_step, None)
                 manager.previous_saved_paths = registered  # the folder was registered once, by the first pass
+                if self.rank == 0:
+                    print(f"[rpg.schedule_free] HF export of the average x at step {global_step}: "
+                          f"{os.path.join(local_path, 'huggingface')} (training state at y)", flush=True)
         finally:
             manager.checkpoint_save_contents = contents
 

@@ -1,11 +1,21 @@
 """Smoke mode (`SMOKE=1 bash recipe/rpg/<dir>/run_*.sh`): the recipe as it is, for 2 steps, then a report.
 
-A smoke run keeps what can fail on a cluster (model, engines, ranks, memory settings, per-GPU token budgets) and
-shrinks what costs time: 2 steps on the smallest batch that fills every rank's micro-batches, one short validation,
-no checkpoint, metrics to verl's file logger. It then prints per phase the seconds per step and the measured peak
-memory, and the projected wall time of the full run: minutes, not a GPU-day, to find an install, engine or memory fault.
-The launcher composes the recipe, appends `smoke_overrides` (`prepare`), runs verl with a `GpuMemorySampler` started,
-then prints `summarize(log, recipe config, sampler, wall seconds)`.
+A smoke run keeps what can fail on a cluster (model, engines, ranks, memory settings, per-GPU token budgets, the
+configured loggers) and shrinks what costs time: 2 steps on the smallest batch that fills every rank's micro-batches,
+one short validation. It goes through the moments that otherwise fail late, in two launches as a user's run and its
+resume would be:
+
+1. launch 1 (`RPG_SMOKE_PHASE=save`): step 1, then a checkpoint under the smoke folder (`RPG_SMOKE_DIR`/ckpts/<exp>,
+   never the run's CKPTS_DIR: it must neither replace a user's checkpoint nor be resumed by the real run); with the
+   periodic reference the refresh is forced at every step (K = 1) and each rank checks that the reference equals the
+   actor after it (rpg/reference/periodic.py, `VERIFY_REFRESH_ENV`); with schedule-free the checkpoint includes the
+   HF export of the average x (rpg/schedule_free.py);
+2. launch 2 (`RPG_SMOKE_PHASE=resume`): resumes that checkpoint (`resume_mode=auto`), runs step 2 and validates.
+
+`SMOKE_ROLLOUT=full` (GPU only) keeps the recipe's batch, so the rollout decodes the full `train_batch_size ×
+rollout.n` sequences and reaches the KV-cache and sampler peak. The launcher (`rpg.launch.run_smoke`) runs both
+launches with a `GpuMemorySampler` started, then prints `summarize(logs, recipe config, sampler, wall seconds)`: per
+phase the seconds per step and the measured peak memory, and the projected wall time of the full run.
 """
 
 from __future__ import annotations
@@ -22,6 +32,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 SMOKE_ENV = "SMOKE"
+ROLLOUT_ENV = "SMOKE_ROLLOUT"  # small (default) | full
+PHASE_ENV = "RPG_SMOKE_PHASE"  # set by the launcher for its two launches
+SAVE, RESUME = "save", "resume"
+VERIFY_REFRESH_ENV = "RPG_SMOKE_VERIFY_REFRESH"  # read by rpg.reference.periodic in the workers
+MARKER = ".rpg-smoke"  # marks a smoke checkpoint folder (a later smoke run may replace it)
 SMOKE_STEPS, SMOKE_TEST_FREQ = 2, 2  # validate once, after step 2 (verl validates on the last step if test_freq > 0)
 GIB = 1024**3
 # verl's v1 trainer times these sections of a step (timing_s/<key>): (label, key, scaled with the batch); None: the
@@ -36,6 +51,52 @@ def smoke_requested(environ=os.environ) -> bool:
     if value not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
         raise ValueError(f"{SMOKE_ENV}={environ[SMOKE_ENV]!r} is not valid; use 1 (smoke run) or 0")
     return value in ("1", "true", "yes", "on")
+
+
+def smoke_rollout(environ=os.environ) -> str:
+    """`SMOKE_ROLLOUT`: "small" (default: the smallest batch that fills every rank) or "full" (the recipe's batch)."""
+    value = environ.get(ROLLOUT_ENV, "").strip().lower() or "small"
+    if value not in ("small", "full"):
+        raise ValueError(f"{ROLLOUT_ENV}={environ[ROLLOUT_ENV]!r} is not valid; use small (default) or full (the "
+                         "recipe's whole batch: the rollout's KV-cache and sampler peak, GPU runs only)")  # fmt: skip
+    return value
+
+
+def uses_periodic_reference(config) -> bool:
+    return str((config.actor_rollout_ref.actor.get("policy_loss", {}) or {}).get("reference", "")) == "periodic"
+
+
+def uses_schedule_free(config) -> bool:
+    from rpg.schedule_free import TRAINER_MODE
+
+    return bool(config.trainer.get("use_v1", True)) and config.trainer.v1.get("trainer_mode", "sync") == TRAINER_MODE
+
+
+@dataclasses.dataclass(frozen=True)
+class SmokePaths:
+    """Where a smoke run of experiment `exp` writes, under the smoke folder `root`."""
+
+    root: Path
+    exp: str
+
+    @property
+    def log(self) -> Path:  # launch 2 (resume): step 2 and the validation
+        return self.root / f"{self.exp}.jsonl"
+
+    @property
+    def step1_log(self) -> Path:  # launch 1 (save): step 1 (verl's file logger truncates its file)
+        return self.root / f"{self.exp}.step1.jsonl"
+
+    @property
+    def ckpts(self) -> Path:
+        return self.root / "ckpts" / self.exp
+
+    def phase_log(self, phase: str) -> Path:
+        return self.step1_log if phase == SAVE else self.log
+
+
+def smoke_paths(config, log_dir: os.PathLike | str) -> SmokePaths:
+    return SmokePaths(Path(log_dir).resolve(), str(config.trainer.experiment_name))
 
 
 def _world(config) -> int:
@@ -83,30 +144,85 @@ def _hydra_str(s: str) -> str:
     return f"'{out}{bs * 2}'"
 
 
-def smoke_overrides(config, log_path: os.PathLike | str) -> list[str]:
-    """Hydra overrides, after the recipe's, that turn the composed recipe `config` into its smoke run.
+def _loggers(config) -> list[str]:
+    """The recipe's loggers, plus console and verl's file logger (the report reads its log)."""
+    configured = config.trainer.get("logger", None) or []
+    configured = [configured] if isinstance(configured, str) else [str(x) for x in configured]
+    return list(dict.fromkeys([*configured, "console", "file"]))
 
-    Changed: 2 steps; train_batch_size = ppo_mini_batch_size = `smoke_batch_size` (one optimizer step per step);
-    validation of `_val_smoke` held-out prompts once, after step 2 (none before training, so it runs on warm engines
-    as the full run's periodic validations do); no checkpoint saved, none resumed; loggers console + verl's file logger
-    writing `log_path` (its variable set in the Ray runtime environment of every process; no wandb run). Everything
+
+def _env(name: str, value: str) -> str:
+    return f"++ray_kwargs.ray_init.runtime_env.env_vars.{name}={_hydra_str(value)}"
+
+
+def smoke_overrides(config, paths: SmokePaths, phase: str = RESUME, rollout: str = "small") -> list[str]:
+    """Hydra overrides, after the recipe's, that turn the composed recipe `config` into launch `phase` of its smoke run.
+
+    Both launches: train_batch_size = ppo_mini_batch_size = `smoke_batch_size` (one optimizer step per step; the
+    recipe's own with `rollout="full"`); `_val_smoke` held-out prompts, no validation before training; the recipe's
+    loggers plus console and verl's file logger writing `paths.phase_log(phase)` (its variable set in the Ray runtime
+    environment of every process); checkpoints in `paths.ckpts`; the periodic reference refreshed at every step and
+    checked (`VERIFY_REFRESH_ENV`); schedule-free's checkpoint with the HF export (x). `SAVE`: step 1, a checkpoint,
+    no validation. `RESUME`: resumes it (resume_mode=auto), step 2, validation after it, no checkpoint. Everything
     else (model, engines, ranks, memory settings, token budgets, dynamic sampling) is the recipe's.
     """
-    p = smoke_batch_size(config)
-    return [f"trainer.total_training_steps={SMOKE_STEPS}", f"data.train_batch_size={p}",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={p}", f"data.val_max_samples={_val_smoke(config)}",
-            "trainer.val_before_train=False", f"trainer.test_freq={SMOKE_TEST_FREQ}", "trainer.save_freq=-1",
-            "trainer.resume_mode=disable", "trainer.logger=[console,file]",
-            f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={_hydra_str(str(log_path))}"]
+    out = []
+    if rollout != "full":
+        p = smoke_batch_size(config)
+        out += [f"data.train_batch_size={p}", f"actor_rollout_ref.actor.ppo_mini_batch_size={p}"]
+    out += [f"data.val_max_samples={_val_smoke(config)}", "trainer.val_before_train=False",
+            f"trainer.logger=[{','.join(_loggers(config))}]", _env("VERL_FILE_LOGGER_PATH", str(paths.phase_log(phase))),
+            f"trainer.default_local_dir={_hydra_str(str(paths.ckpts))}"]  # fmt: skip
+    if uses_periodic_reference(config):
+        out += ["+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=1", _env(VERIFY_REFRESH_ENV, "1")]
+    if uses_schedule_free(config):
+        contents = list(config.actor_rollout_ref.actor.checkpoint.get("save_contents", ["model", "optimizer", "extra"]))
+        out.append(f"actor_rollout_ref.actor.checkpoint.save_contents=[{','.join(dict.fromkeys([*contents, 'hf_model']))}]")
+    if phase == SAVE:
+        return out + ["trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=1",
+                      "trainer.resume_mode=disable"]  # fmt: skip
+    return out + [f"trainer.total_training_steps={SMOKE_STEPS}", f"trainer.test_freq={SMOKE_TEST_FREQ}",
+                  "trainer.save_freq=-1", "trainer.resume_mode=auto"]  # fmt: skip
 
 
-def prepare(config, log_dir: os.PathLike | str = "outputs/smoke") -> tuple[list[str], Path]:
-    """(overrides, log path) of the smoke run of `config`: makes the folder (verl's file logger does not) and removes
-    a previous run's log, so a run that fails before its first step is never summarised from stale lines."""
-    path = Path(log_dir).resolve() / f"{config.trainer.experiment_name}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    return smoke_overrides(config, path), path
+def prepare(config, log_dir: os.PathLike | str = "outputs/smoke") -> SmokePaths:
+    """The smoke folder of `config`, made ready for a run: the folder made (verl's file logger does not), a previous
+    run's logs removed (a run that fails before its first step is never summarised from stale lines), and a previous
+    smoke checkpoint (a folder carrying `MARKER`) removed; a checkpoint folder without the marker is refused, never
+    deleted. The new checkpoint folder gets the marker."""
+    paths = smoke_paths(config, log_dir)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    for log in (paths.log, paths.step1_log):
+        log.unlink(missing_ok=True)
+    if paths.ckpts.exists():
+        if not (paths.ckpts / MARKER).is_file():
+            raise ValueError(f"{paths.ckpts} exists and is not a smoke checkpoint folder (no {MARKER}); the smoke run "
+                             f"writes its checkpoint there: move it, or set RPG_SMOKE_DIR to another folder")  # fmt: skip
+        shutil.rmtree(paths.ckpts)
+    paths.ckpts.mkdir(parents=True)
+    (paths.ckpts / MARKER).write_text("a SMOKE=1 checkpoint (rpg/smoke.py); the next smoke run replaces it\n")
+    return paths
+
+
+def checkpoint_line(paths: SmokePaths, run_ckpts: str) -> str:
+    """After launch 1: the step-1 checkpoint under the smoke folder (raises if verl wrote none)."""
+    step = paths.ckpts / "global_step_1"
+    files = [f for f in step.rglob("*") if f.is_file()] if step.is_dir() else []
+    if not files:
+        raise RuntimeError(f"[rpg smoke] launch 1 finished without a checkpoint in {step}")
+    size = sum(f.stat().st_size for f in files)
+    return (f"[rpg smoke] checkpoint of step 1 saved under the smoke folder: {step} ({len(files)} files, "
+            f"{size / GIB:.2f} GiB); the run's CKPTS_DIR ({run_ckpts}) is not touched\n")
+
+
+def resume_line(paths: SmokePaths) -> str:
+    """After launch 2: it resumed the step-1 checkpoint (its log holds step 2 only; raises otherwise)."""
+    steps = sorted(k for k, d in read_log(paths.log).items() if k > 0 and "timing_s/step" in d) if paths.log.is_file() else []
+    if steps != [2]:
+        raise RuntimeError(f"[rpg smoke] launch 2 logged training steps {steps}, expected [2]: it did not resume the "
+                           f"step-1 checkpoint in {paths.ckpts}")  # fmt: skip
+    return (f"[rpg smoke] resumed from {paths.ckpts / 'global_step_1'} in a second launch and finished step 2; the "
+            f"smoke checkpoint stays there until the next smoke run (delete it when done; the real run never reads it)\n")
 
 
 class GpuMemorySampler:
@@ -253,20 +369,25 @@ class SmokeReport:
         return lines
 
 
-def read_log(jsonl_path: os.PathLike | str) -> dict[int, dict[str, Any]]:
-    """step -> metrics of verl's file logger (lines {"step": N, "data": {...}}; a step's lines merged)."""
+def read_log(*jsonl_paths: os.PathLike | str) -> dict[int, dict[str, Any]]:
+    """step -> metrics of verl's file logger (lines {"step": N, "data": {...}}; a step's lines merged), over the files
+    that exist (a smoke run's two launches write one each)."""
     rows: dict[int, dict[str, Any]] = {}
-    for record in (json.loads(line) for line in Path(jsonl_path).read_text().splitlines() if line.strip()):
-        rows.setdefault(int(record["step"]), {}).update(record["data"])
+    for path in (Path(p) for p in jsonl_paths):
+        if not path.is_file() and len(jsonl_paths) > 1:
+            continue
+        for record in (json.loads(line) for line in path.read_text().splitlines() if line.strip()):
+            rows.setdefault(int(record["step"]), {}).update(record["data"])
     return rows
 
 
-def report(jsonl_path, full_config, sampler: Optional[GpuMemorySampler] = None, wall_s=None) -> SmokeReport:
+def report(jsonl_path, full_config, sampler: Optional[GpuMemorySampler] = None, wall_s=None,
+           full_rollout: bool = False) -> SmokeReport:
     """`SmokeReport` of verl's file log `jsonl_path`; `full_config` is the recipe's config without the smoke overrides.
 
     Seconds per phase: the mean over the logged steps but step 1 (its warm-up) when there are >= 2; the validation
     (once, after step 2) counts whichever step it followed. Memory: the largest value over the steps."""
-    rows = read_log(jsonl_path)
+    rows = read_log(*(jsonl_path if isinstance(jsonl_path, (list, tuple)) else [jsonl_path]))
     steps = sorted(k for k, d in rows.items() if k > 0 and "timing_s/step" in d)
     if not steps:
         raise ValueError(f"{jsonl_path}: no training step logged (no timing_s/step); the smoke run failed early")
@@ -287,13 +408,48 @@ def report(jsonl_path, full_config, sampler: Optional[GpuMemorySampler] = None, 
         update_gib=(alloc, reserved or 0.0) if alloc is not None else None,
         gpu_peaks={i: (u, sampler.totals[i]) for i, u in sampler.peaks.items()} if sampler else {},
         device=str(full_config.trainer.get("device", "cuda")), full_steps=int(total) if total else None,
-        scale=int(full_config.data.train_batch_size) / smoke_batch_size(full_config),
+        scale=1.0 if full_rollout else int(full_config.data.train_batch_size) / smoke_batch_size(full_config),
         val_prompts=(min(_val_smoke(full_config), v_full or _val_smoke(full_config)), v_full),
         validations=_validations(full_config, int(total)) if total else 0, wall_s=wall_s, host=host,
         run_s=sum(rows[st]["timing_s/step"] + rows[st].get("timing_s/testing", 0.0) for st in steps),
     )  # fmt: skip
 
 
-def summarize(jsonl_path, full_config, sampler: Optional[GpuMemorySampler] = None, wall_s=None) -> str:
+def summarize(jsonl_path, full_config, sampler: Optional[GpuMemorySampler] = None, wall_s=None,
+              full_rollout: bool = False) -> str:
     """The smoke report as text: per phase seconds per step and peak memory; the projected full-run wall time."""
-    return report(jsonl_path, full_config, sampler, wall_s).format()
+    return report(jsonl_path, full_config, sampler, wall_s, full_rollout).format()
+
+
+def run_launches(args: list[str], full_config, paths: SmokePaths, rollout: str = "small") -> None:
+    """The smoke run: launch 1 (step 1 and its checkpoint) and launch 2 (resume, step 2, validation), each a new
+    `python -m rpg.launch` process with `args` (the recipe's overrides) and `PHASE_ENV` set, as a user's run and its
+    resume would be; the GPUs' memory sampled throughout; then the report. Raises RuntimeError when a launch fails."""
+    import sys
+    import time
+
+    from rpg.preflight.disk import GB, estimate
+
+    need = estimate(full_config).one
+    free = shutil.disk_usage(paths.root if paths.root.exists() else Path.cwd()).free
+    if free < need:
+        raise RuntimeError(f"the smoke folder {paths.root} (RPG_SMOKE_DIR) has {free / GB:.1f} GB free; the smoke "
+                           f"checkpoint needs about {need / GB:.1f} GB: set RPG_SMOKE_DIR to a disk with more room")  # fmt: skip
+    paths = prepare(full_config, paths.root)
+    batch = "the recipe's" if rollout == "full" else smoke_batch_size(full_config)
+    print(f"[rpg] smoke run (SMOKE=1): {SMOKE_STEPS} steps of {batch} prompts in two launches (step 1 and a checkpoint "
+          f"in {paths.ckpts}; then a resume of it, step 2 and a validation), metrics to {paths.log}", flush=True)
+    sampler, start = GpuMemorySampler().start(), time.monotonic()
+    try:
+        for phase in (SAVE, RESUME):
+            rc = subprocess.run([sys.executable, "-m", "rpg.launch", *args], env={**os.environ, PHASE_ENV: phase}).returncode
+            if rc != 0:
+                raise RuntimeError(f"smoke run: launch {1 if phase == SAVE else 2} of 2 ({phase}) exited with {rc}")
+            line = checkpoint_line(paths, str(full_config.trainer.default_local_dir)) if phase == SAVE else resume_line(paths)
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    finally:
+        sampler.stop()
+    elapsed = time.monotonic() - start
+    sys.stdout.write(summarize([paths.step1_log, paths.log], full_config, sampler, elapsed, rollout == "full"))
+    sys.stdout.flush()

@@ -18,7 +18,7 @@ RECIPES = ROOT / "recipe" / "rpg" / "cpu"
 TINY = ROOT / "artifacts" / "tiny"
 # knobs a developer may have exported that must not leak into a test run
 _DROP = ("RAY_ADDRESS", "RPG_DRY_RUN", "RPG_PRINT_ARGV", "VERL_USE_EXTERNAL_MODULES", "CPU_ROLLOUT", "CPU_DTYPE", "SMOKE",
-         "RPG_SMOKE_DIR", "OLD_LOGPROB", "TRAINER_MODE")
+         "RPG_SMOKE_DIR", "SMOKE_ROLLOUT", "RPG_SMOKE_PHASE", "OLD_LOGPROB", "TRAINER_MODE")
 
 
 def ensure_tiny_model() -> Path:

@@ -55,29 +55,59 @@ def test_smoke_overrides_pass_verls_checks(script, env, prompts, tmp_path):
 
     argv = recipe_overrides(script, **env)
     full = compose_config(argv)
-    log = tmp_path / "it's a ${log}.jsonl"  # Hydra-quoted verbatim
-    smoked = compose_and_validate(argv + smoke.smoke_overrides(full, log)).config  # verl's validate_config included
-    world = smoked.trainer.nnodes * smoked.trainer.n_gpus_per_node
-    n = smoked.actor_rollout_ref.rollout.n
-    assert smoked.data.train_batch_size == smoked.actor_rollout_ref.actor.ppo_mini_batch_size == prompts
-    assert prompts * n % world == 0
-    assert smoked.trainer.total_training_steps == 2 and smoked.trainer.test_freq == 2
-    assert not smoked.trainer.val_before_train and smoked.trainer.save_freq <= 0
-    assert smoked.trainer.resume_mode == "disable" and list(smoked.trainer.logger) == ["console", "file"]
-    assert smoked.data.val_max_samples == max(8, world)
-    assert smoked.ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH == str(log)
-    for key in KEPT:  # model, engines, ranks, memory settings, token budgets: the recipe's
-        assert OmegaConf.select(smoked, key) == OmegaConf.select(full, key), key
+    paths = smoke.smoke_paths(full, tmp_path / "it's a ${log}")  # Hydra-quoted verbatim
+    for phase, steps in ((smoke.SAVE, 1), (smoke.RESUME, 2)):
+        smoked = compose_and_validate(argv + smoke.smoke_overrides(full, paths, phase)).config  # verl's checks too
+        world = smoked.trainer.nnodes * smoked.trainer.n_gpus_per_node
+        n = smoked.actor_rollout_ref.rollout.n
+        assert smoked.data.train_batch_size == smoked.actor_rollout_ref.actor.ppo_mini_batch_size == prompts
+        assert prompts * n % world == 0
+        assert smoked.trainer.total_training_steps == steps and not smoked.trainer.val_before_train
+        # launch 1 saves step 1 (no validation); launch 2 resumes it and validates after step 2
+        assert (smoked.trainer.save_freq, smoked.trainer.test_freq, smoked.trainer.resume_mode) == (
+            (1, -1, "disable") if phase == smoke.SAVE else (-1, 2, "auto"))
+        assert smoked.trainer.default_local_dir == str(paths.ckpts) != full.trainer.default_local_dir
+        # the recipe's loggers stay (wandb: a missing key shows now), plus verl's file logger
+        assert list(smoked.trainer.logger) == list(dict.fromkeys([*full.trainer.logger, "console", "file"]))
+        assert smoked.data.val_max_samples == max(8, world)
+        assert smoked.ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH == str(paths.phase_log(phase))
+        for key in KEPT:  # model, engines, ranks, memory settings, token budgets: the recipe's
+            assert OmegaConf.select(smoked, key) == OmegaConf.select(full, key), key
 
 
-def test_prepare_makes_the_folder_and_drops_a_stale_log(tmp_path):
+def test_full_rollout_keeps_the_recipes_batch_and_periodic_and_schedule_free_are_exercised(tmp_path):
+    """SMOKE_ROLLOUT=full (GPU only): the recipe's batch, so the rollout reaches its KV-cache and sampler peak; the
+    periodic reference refreshes at every step and is checked; schedule-free's checkpoint carries the HF export."""
+    argv = recipe_overrides("7b/run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh") + [
+        "actor_rollout_ref.actor.policy_loss.reference=periodic", "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=64",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.0"]
+    full = compose_config(argv)
+    paths = smoke.smoke_paths(full, tmp_path)
+    smoked = compose_and_validate(argv + smoke.smoke_overrides(full, paths, smoke.SAVE, rollout="full")).config
+    assert smoked.data.train_batch_size == full.data.train_batch_size == 512
+    assert smoked.actor_rollout_ref.actor.ppo_mini_batch_size == full.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert smoked.actor_rollout_ref.actor.policy_loss.ref_refresh_steps == 1
+    assert smoked.ray_kwargs.ray_init.runtime_env.env_vars[smoke.VERIFY_REFRESH_ENV] == "1"
+    assert list(smoked.actor_rollout_ref.actor.checkpoint.save_contents)[-1] == "hf_model"
+    assert smoke.smoke_rollout({}) == "small" and smoke.smoke_rollout({"SMOKE_ROLLOUT": "full"}) == "full"
+    with pytest.raises(ValueError, match="SMOKE_ROLLOUT='huge' is not valid; use small"):
+        smoke.smoke_rollout({"SMOKE_ROLLOUT": "huge"})
+
+
+def test_prepare_makes_the_folder_drops_stale_logs_and_replaces_only_a_smoke_checkpoint(tmp_path):
     full = compose_config(recipe_overrides("cpu/run_rpg_reinforce_urkl.sh"))
-    stale = tmp_path / "logs" / f"{full.trainer.experiment_name}.jsonl"
-    stale.parent.mkdir()
-    stale.write_text('{"step": 1, "data": {}}\n')
-    overrides, path = smoke.prepare(full, tmp_path / "logs")
-    assert path == stale and not path.exists() and path.parent.is_dir()
-    assert overrides == smoke.smoke_overrides(full, path)
+    paths = smoke.smoke_paths(full, tmp_path / "logs")
+    paths.root.mkdir()
+    for stale in (paths.log, paths.step1_log):
+        stale.write_text('{"step": 1, "data": {}}\n')
+    assert smoke.prepare(full, paths.root) == paths
+    assert not paths.log.exists() and not paths.step1_log.exists() and (paths.ckpts / smoke.MARKER).is_file()
+    (paths.ckpts / "global_step_1").mkdir()
+    smoke.prepare(full, paths.root)  # a previous smoke checkpoint is replaced
+    assert sorted(p.name for p in paths.ckpts.iterdir()) == [smoke.MARKER]
+    (paths.ckpts / smoke.MARKER).unlink()
+    with pytest.raises(ValueError, match="is not a smoke checkpoint folder"):
+        smoke.prepare(full, paths.root)  # a folder it did not make is never deleted
 
 
 def test_smoke_requested():

@@ -4,14 +4,13 @@ verl 0.9.1's sync v1 trainer samples through `ReplayBuffer`, which sleeps a hard
 between polls of TransferQueue (`verl/trainer/ppo/v1/replay_buffer.py`). On a tiny CPU model that sleep is most of
 a step (docs/cpu.md#sampler). verl's own hook for a different sampler is ``trainer.v1.sampler.custom_sampler``; a
 custom sampler receives only ``trainer.v1.sampler.sampler_kwargs`` (free-form) and not DAPO's group-filter settings,
-so this class reads them from there. The CPU profile wires them by Hydra interpolation, so they always equal the
-trainer's own settings::
+so this class reads them from there, as its parent `rpg.dynamic_sampling.BoundedReplayBuffer` (the recipes' sampler:
+verl's buffer with ``max_num_gen_batches`` bounding the prompts of a step) does; rpg/config/rpg_trainer.yaml wires
+them by Hydra interpolation, so they always equal the trainer's own settings, and the CPU profile sets::
 
     trainer.v1.sampler.custom_sampler.path=pkg://rpg.cpu.sampler
     trainer.v1.sampler.custom_sampler.name=FastPollReplayBuffer
     +trainer.v1.sampler.sampler_kwargs.poll_interval=0.05
-    +trainer.v1.sampler.sampler_kwargs.filter_groups='${algorithm.filter_groups}'
-    +trainer.v1.sampler.sampler_kwargs.train_batch_size='${data.train_batch_size}'
 
 With ``filter_groups.enable=True`` it configures the parent exactly as the trainer configures the built-in buffer
 (`trainer_base.py` ``_build_replay_buffer``: ``gen_batch_size=1``, ``max_inflight_gen_batches`` from the config);
@@ -35,7 +34,7 @@ depends on arrival order at the rollout server; the sorted order does not). With
 
 Asynchronous trainers (``trainer.v1.trainer_mode=colocate_async|separate_async``). The same custom-sampler setting then
 builds `FastPollReplayBufferAsync`: verl's ``ReplayBufferAsync`` (staleness cap, DAPO evict k / refill k, oldest
-groups first) with the poll interval and the DAPO metric from ``sampler_kwargs``, so the CPU profile can keep one
+groups first), bounded, with the poll interval and the DAPO metric from ``sampler_kwargs``, so the CPU profile can keep one
 sampler setting for every trainer mode. No determinism is promised there: which responses a step trains on depends
 on what had finished, as in verl.
 """
@@ -47,25 +46,17 @@ from typing import Any
 
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync, _accumulate_eviction_metrics
+from verl.trainer.ppo.v1.replay_buffer import _accumulate_eviction_metrics
 from verl.utils.skip import SkipManager
 
+from rpg.dynamic_sampling import BoundedReplayBuffer, BoundedReplayBufferAsync
+
 DEFAULT_POLL_INTERVAL = 0.05
-SAMPLER_KWARGS = ("filter_groups", "poll_interval", "train_batch_size")
 
 
-def _options(sampler_kwargs: Any) -> tuple[dict, float, str | None]:
-    """``(options, poll_interval, DAPO metric or None)`` from ``sampler_kwargs``; unknown keys and filtering without
-    a metric are refused."""
-    opts = dict(sampler_kwargs or {})
-    unknown = set(opts) - set(SAMPLER_KWARGS)
-    if unknown:
-        raise ValueError(f"FastPollReplayBuffer: unknown sampler_kwargs {sorted(unknown)}; valid: {list(SAMPLER_KWARGS)}")
-    filter_groups = opts.get("filter_groups") or {}
-    metric = filter_groups.get("metric") if filter_groups.get("enable", False) else None
-    if filter_groups.get("enable", False) and not metric:
-        raise ValueError("algorithm.filter_groups.metric must be set when group filtering is enabled")
-    return opts, float(opts.get("poll_interval", DEFAULT_POLL_INTERVAL)), metric
+def _with_poll(sampler_kwargs: Any) -> dict:
+    """``sampler_kwargs`` with this module's default poll interval."""
+    return {"poll_interval": DEFAULT_POLL_INTERVAL, **dict(sampler_kwargs or {})}
 
 
 def _session_of(key: str) -> tuple[str, int, int]:
@@ -74,32 +65,12 @@ def _session_of(key: str) -> tuple[str, int, int]:
     return uid, int(session), int(index)
 
 
-class FastPollReplayBuffer(ReplayBuffer):
-    """`ReplayBuffer` for the sync trainer with ``poll_interval`` (and DAPO filtering) taken from ``sampler_kwargs``,
-    and timing-independent batches (see the module docstring)."""
-
-    def __new__(cls, *args, **kwargs):
-        """The asynchronous trainer modes get `FastPollReplayBufferAsync` (built here, since it is no subclass)."""
-        if cls is FastPollReplayBuffer and kwargs.get("trainer_mode", "sync") != "sync":
-            return FastPollReplayBufferAsync(*args, **kwargs)
-        return super().__new__(cls)
+class FastPollReplayBuffer(BoundedReplayBuffer):
+    """`BoundedReplayBuffer` (verl's `ReplayBuffer` with ``max_num_gen_batches`` bounding the prompts of a step) for
+    the sync trainer with a short ``poll_interval`` and timing-independent batches (see the module docstring)."""
 
     def __init__(self, *, sampler_kwargs: Any = None, **kwargs):
-        opts, poll_interval, metric = _options(sampler_kwargs)
-        if "train_batch_size" not in opts:
-            raise ValueError("FastPollReplayBuffer needs trainer.v1.sampler.sampler_kwargs.train_batch_size "
-                             "(set it to '${data.train_batch_size}')")
-        filter_groups = opts.get("filter_groups") or {}
-        batch = int(opts["train_batch_size"])
-        super().__init__(
-            sampler_kwargs=sampler_kwargs,
-            poll_interval=poll_interval,
-            filter_groups_metric=metric,
-            train_batch_size=batch,
-            gen_batch_size=1 if metric is not None else batch,
-            max_inflight_gen_batches=int(filter_groups.get("max_inflight_gen_batches", 1)) if metric else 1,
-            **kwargs,
-        )
+        super().__init__(sampler_kwargs=_with_poll(sampler_kwargs), **kwargs)
 
     # ---- order: dispatch order of the groups, then each group's samples by content ------------------------------
     def _select_prompt_uids(self, partition_id: str, sampleable_keys: set[str], batch_size: int):
@@ -128,14 +99,8 @@ class FastPollReplayBuffer(ReplayBuffer):
                            tags=[batch.tags[i] for i in order], fields=batch.fields, extra_info=batch.extra_info)
 
     # ---- DAPO on whole rounds ----------------------------------------------------------------------------------
-    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
-        """verl's sync sampling (which waits for the whole batch); with DAPO, `_sample_in_rounds`."""
-        if partition_id == "val" or self.filter_groups_metric is None:
-            return super().sample(global_steps, partition_id, batch_size)
-        return self._sample_in_rounds(global_steps, partition_id, batch_size)
-
     @SkipManager.annotate_tq(role="rollout_tq", phase="sample")  # verl's rollout-skip cache, as on verl's sample
-    def _sample_in_rounds(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+    def _sample_filtered(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
         """DAPO sampling with every decision taken when no request is in flight.
 
         Each round: evict the groups whose ``filter_groups.metric`` is constant (and failed groups), then either
@@ -179,15 +144,13 @@ class FastPollReplayBuffer(ReplayBuffer):
         return self._materialize_batch(partition_id, selected, snapshot), metrics
 
 
-class FastPollReplayBufferAsync(ReplayBufferAsync):
-    """verl's `ReplayBufferAsync` (asynchronous trainer modes) with ``poll_interval`` and the DAPO metric taken from
-    ``sampler_kwargs`` (``train_batch_size`` is accepted and unused: async DAPO refills exactly the evicted groups)."""
+class FastPollReplayBufferAsync(BoundedReplayBufferAsync):
+    """`BoundedReplayBufferAsync` (verl's `ReplayBufferAsync`, bounded; asynchronous trainer modes) with a short
+    ``poll_interval`` (``train_batch_size`` sizes the bound and the round lines: async DAPO refills exactly the evicted
+    groups)."""
 
     def __init__(self, *, sampler_kwargs: Any = None, **kwargs):
-        mode = kwargs.get("trainer_mode")
-        if mode == "sync":
-            raise ValueError("FastPollReplayBufferAsync is for the asynchronous trainer modes; the sync trainer "
-                             "uses FastPollReplayBuffer")
-        _, poll_interval, metric = _options(sampler_kwargs)
-        super().__init__(sampler_kwargs=sampler_kwargs, poll_interval=poll_interval, filter_groups_metric=metric,
-                         **kwargs)
+        super().__init__(sampler_kwargs=_with_poll(sampler_kwargs), **kwargs)
+
+
+FastPollReplayBuffer.asynchronous = FastPollReplayBufferAsync

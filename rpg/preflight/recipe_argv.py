@@ -28,8 +28,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 PLUGIN_MODULE = "rpg.verl_plugin"
 #: Environment variables every launch passes on (printed by RPG_PRINT_ARGV, sent to a Ray job).
-FORWARDED_ENV = ("VERL_USE_EXTERNAL_MODULES", "RPG_DRY_RUN", "WANDB_MODE", "SMOKE", "RPG_SMOKE_DIR", "GPU_MEMORY_GIB",
-                 "RPG_MEMORY_PLAN")
+FORWARDED_ENV = ("VERL_USE_EXTERNAL_MODULES", "RPG_DRY_RUN", "WANDB_MODE", "SMOKE", "RPG_SMOKE_DIR", "SMOKE_ROLLOUT",
+                 "GPU_MEMORY_GIB", "RPG_MEMORY_PLAN")
 
 
 class Knob(NamedTuple):

@@ -87,10 +87,35 @@ METRIC_PREFIX = "actor/rpg/"
 WORKERS_MODULE = "verl.workers.engine_workers"
 WHAT = "rpg's periodic-reference hooks on verl's ActorRolloutRefWorker (rpg/reference/periodic.py)"
 MARK = "__rpg_periodic_reference_hook__"
+VERIFY_ENV = "RPG_SMOKE_VERIFY_REFRESH"  # rpg.smoke.VERIFY_REFRESH_ENV: check the copy after each refresh
 
 
 _reshard_fsdp2 = reshard_fsdp2  # the names tests and older callers use
 _engine_module = engine_module
+def verify_copy(src: torch.nn.Module, dst: torch.nn.Module) -> tuple[int, float]:
+    """Check, on this rank, that every local shard of ``dst`` equals ``src``'s (cast to ``dst``'s dtype, compared on
+    ``dst``'s device: e.g. the offloaded reference's CPU memory). Returns (tensors compared, float64 checksum of the
+    reference's local shards); raises RuntimeError naming the first tensor that differs."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    with torch.no_grad():
+        a, b = get_model_state_dict(src), get_model_state_dict(dst)
+        if a.keys() != b.keys():
+            raise RuntimeError(f"reference refresh check: actor and reference state dicts differ in keys "
+                               f"{sorted(a.keys() ^ b.keys())[:5]}")  # fmt: skip
+        checksum = 0.0
+        for name in a:
+            x, y = local(a[name]), local(b[name])
+            if not torch.equal(x.to(device=y.device, dtype=y.dtype), y):
+                raise RuntimeError(f"reference refresh check: rank {_rank()}'s shard of {name} differs from the actor's "
+                                   "after the refresh")  # fmt: skip
+            checksum += float(y.double().sum())
+    return len(a), checksum
+
+
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -169,6 +194,10 @@ class PeriodicReference:
             start = time.perf_counter()
             self.refresh()
             seconds = time.perf_counter() - start
+            if os.environ.get(VERIFY_ENV) == "1" and self.mode == "periodic":  # SMOKE=1 (rpg/smoke.py): every rank
+                n, checksum = verify_copy(engine_module(self.actor, "actor"), engine_module(self.ref, "reference"))
+                print(f"[rpg.reference] rank {_rank()}: reference = actor after the refresh at training step "
+                      f"{s.history[-1]['train_step']} ({n} shard tensors equal, checksum {checksum:.9e})", flush=True)
             if _rank() == 0 and self.mode == "periodic":
                 last = s.history[-1]
                 print(

@@ -138,7 +138,7 @@ def test_fast_poll_sampler_reads_filter_groups_from_interpolated_config():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"train_batch_size": 8, "poll": 1}, "unknown sampler_kwargs"),
+    ({"train_batch_size": 8, "poll": 1}, "unknown keys"),
     ({}, "train_batch_size"),
     ({"train_batch_size": 8, "filter_groups": {"enable": True, "metric": None}}, "metric"),
 ])

@@ -166,12 +166,15 @@ def test_smoke_dry_run_of_a_7b_recipe_prints_the_smoke_config_and_the_plan(monke
     assert batch < full.data.train_batch_size == 512
     assert cfg["trainer"]["total_training_steps"] == smoke.SMOKE_STEPS == 2
     assert cfg["data"]["train_batch_size"] == cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == batch
-    assert cfg["trainer"]["save_freq"] == -1 and cfg["trainer"]["logger"] == ["console", "file"]
+    # the dry run shows launch 2 (resume the smoke checkpoint, step 2, validation); the recipe's loggers stay
+    assert cfg["trainer"]["save_freq"] == -1 and cfg["trainer"]["resume_mode"] == "auto"
+    assert cfg["trainer"]["logger"] == ["console", "wandb", "file"]
     log = tmp_path / "smoke-logs" / "run_rpg_7b_urkl1e-4.jsonl"
     assert cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["VERL_FILE_LOGGER_PATH"] == str(log)
+    assert cfg["trainer"]["default_local_dir"] == str(tmp_path / "smoke-logs" / "ckpts" / "run_rpg_7b_urkl1e-4")
     assert cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] == 0.75  # the recipe's settings stay
     assert err.count(PLAN_LINE) == 1 and "budget 80.0 GiB" in err
-    assert f"[rpg] smoke run (SMOKE=1): 2 steps of {batch} prompts, metrics to {log}" in err
+    assert f"[rpg] smoke run (SMOKE=1), launch 2 of 2: 2 steps of {batch} prompts, metrics to {log}" in err
     assert list(tmp_path.iterdir()) == []  # a dry run makes no folder
 
 

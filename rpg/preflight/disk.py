@@ -1,0 +1,108 @@
+"""Free disk for the checkpoints a run will save (`trainer.default_local_dir`, the recipes' CKPTS_DIR), before launch.
+
+A 7B checkpoint with AdamW's states is about 91 GB, and the first one is written at step `save_freq` (20): a disk that
+cannot hold it fails the run hours in. The estimate, from the model's parameter count P (`rpg.preflight.memory`:
+the config.json on disk or in the HF cache, or the shipped table of the recipe models):
+
+* actor weights (`save_contents` has `model`): P × the FSDP model dtype's bytes (fp32: 4);
+* optimizer states (`optimizer`): P × 4 bytes × the optimizer's fp32 states (AdamW, schedule-free: 2);
+* the HF export (`hf_model`): P × the model dtype's bytes;
+* the reference weights the periodic reference saves next to the actor's (rpg/reference/periodic.py): P × the
+  reference's FSDP model dtype's bytes;
+
+times the checkpoints on disk at once: verl writes a new one before it deletes the oldest, so
+`max_actor_ckpt_to_keep` + 1 (or every save of the run when nothing is deleted). A launch that saves refuses when the
+disk holding the folder has less free space, with the numbers and the fix; a dry run prints the same as a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from rpg.preflight.memory import DTYPE_BYTES, load_model_shape, optimizer_states
+
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointEstimate:
+    parts: dict[str, float]  # bytes of one checkpoint, by part
+    copies: int  # checkpoints on disk at once
+    why: str  # where `copies` comes from
+
+    @property
+    def one(self) -> float:
+        return sum(self.parts.values())
+
+    @property
+    def needed(self) -> float:
+        return self.one * self.copies
+
+
+def _dtype_bytes(fsdp: Any) -> int:
+    return DTYPE_BYTES.get(str((fsdp or {}).get("model_dtype", "fp32") or "fp32").lower().replace("torch.", ""), 4)
+
+
+def saves(config: Any) -> int:
+    """Checkpoints the run writes (0: none). verl saves every `save_freq` steps and after the last step."""
+    freq, total = int(config.trainer.get("save_freq", -1) or -1), config.trainer.get("total_training_steps", None)
+    if freq <= 0:
+        return 0
+    if total is None:
+        return 1  # unknown length: at least one
+    return len({s for s in range(1, int(total) + 1) if s % freq == 0 or s == int(total)})
+
+
+def estimate(config: Any) -> CheckpointEstimate:
+    arr = config.actor_rollout_ref
+    actor = arr.actor
+    model = arr.model
+    p = load_model_shape(str(model.path), model.get("hf_config_path", None)).param_count()
+    contents = list((actor.get("checkpoint", {}) or {}).get("save_contents", ["model", "optimizer", "extra"]))
+    weight = _dtype_bytes(actor.get("fsdp_config", {}))
+    parts: dict[str, float] = {}
+    if "model" in contents:
+        parts["actor weights"] = p * weight
+    if "optimizer" in contents:
+        states, _ = optimizer_states(str((actor.get("optim", {}) or {}).get("optimizer", "AdamW")))
+        parts[f"optimizer states ({states} fp32 per parameter)"] = p * 4 * states
+    if "hf_model" in contents:
+        parts["HF export"] = p * weight
+    if str((actor.get("policy_loss", {}) or {}).get("reference", "")) == "periodic":
+        parts["periodic reference weights"] = p * _dtype_bytes(arr.ref.get("fsdp_config", {}))
+    n, keep = saves(config), config.trainer.get("max_actor_ckpt_to_keep", None)
+    if keep is not None and int(keep) > 0 and int(keep) < n:
+        copies, why = int(keep) + 1, f"trainer.max_actor_ckpt_to_keep={keep} + 1 being written"
+    else:
+        copies, why = n, f"every one of the run's {n} saves is kept"
+    return CheckpointEstimate(parts, max(copies, 1), why)
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def problem(config: Any, free_bytes: Optional[float] = None) -> Optional[str]:
+    """Why the checkpoint folder cannot hold the run's checkpoints, or None (also when the run saves none, or when the
+    model's shape is unknown: a remote model without a cached config.json, which the GPU memory plan reports)."""
+    if saves(config) == 0:
+        return None
+    folder = Path(os.path.expanduser(str(config.trainer.default_local_dir))).resolve()
+    try:
+        est = estimate(config)
+    except ValueError:
+        return None
+    free = shutil.disk_usage(_existing(folder)).free if free_bytes is None else free_bytes
+    if free >= est.needed:
+        return None
+    parts = " + ".join(f"{k} {v / GB:.1f} GB" for k, v in est.parts.items())
+    return (f"the checkpoint folder trainer.default_local_dir={folder} (CKPTS_DIR) has {free / GB:.1f} GB free, and "
+            f"the run's checkpoints need about {est.needed / GB:.1f} GB: {est.copies} × ({parts}) ({est.why}). Set "
+            f"CKPTS_DIR to a disk with at least {est.needed / GB:.0f} GB free (on several nodes, a shared one), keep "
+            f"fewer checkpoints (trainer.max_actor_ckpt_to_keep=1), or save none (trainer.save_freq=-1)")  # fmt: skip

@@ -1,0 +1,146 @@
+"""Bounded dynamic sampling (rpg/dynamic_sampling.py): the bound on the prompts a step draws, the round lines, the stop
+message and the launch check, at the unit level (the trainer run on unmatchable data: tests/e2e/
+test_dynamic_sampling_bound_on_cpu.py)."""
+
+from collections import Counter
+
+import pytest
+from omegaconf import OmegaConf
+
+from rpg.dynamic_sampling import (
+    BOUND_KEY,
+    BoundedReplayBuffer,
+    BoundedReplayBufferAsync,
+    DrawCount,
+    DynamicSamplingExhausted,
+    SamplerOptions,
+    check_config,
+)
+
+FILTER = {"enable": True, "metric": "acc", "max_inflight_gen_batches": 3, "max_num_gen_batches": 2}
+
+
+def options(**fg) -> SamplerOptions:
+    return SamplerOptions.parse({"filter_groups": {**FILTER, **fg}, "train_batch_size": 4})
+
+
+def buffer(mode="sync", **fg):
+    drawn = []
+    buf = BoundedReplayBuffer(trainer_mode=mode, trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
+                              max_off_policy_strategy="drop", refill_fn=lambda n: drawn.append(n) or n,
+                              sampler_kwargs=OmegaConf.create({"filter_groups": {**FILTER, **fg},
+                                                               "train_batch_size": 4}))  # fmt: skip
+    return buf, drawn
+
+
+def test_options_come_from_the_interpolated_trainer_settings():
+    cfg = OmegaConf.create({"algorithm": {"filter_groups": FILTER}, "data": {"train_batch_size": 16},
+                            "kw": {"filter_groups": "${algorithm.filter_groups}",
+                                   "train_batch_size": "${data.train_batch_size}"}})  # fmt: skip
+    o = SamplerOptions.parse(cfg.kw)
+    assert (o.metric, o.train_batch_size, o.gen_batch, o.limit) == ("acc", 16, 48, 96)
+    assert options(max_num_gen_batches=0).limit is None  # 0: no bound (verl's behaviour)
+    assert options(enable=False).limit is None and options(enable=False).metric is None
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"train_batch_size": 4, "bound": 1}, "unknown keys"),
+    ({}, "train_batch_size"),
+    ({"train_batch_size": 4, "filter_groups": {"enable": True, "metric": None}}, "metric must be set"),
+])  # fmt: skip
+def test_bad_sampler_kwargs_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplerOptions.parse(kwargs)
+
+
+def test_a_step_draws_at_most_the_bound_its_own_batch_included():
+    count = DrawCount(options())  # bound 2 × 3 × 4 = 24 prompts
+    count.begin(step=1, need=4)
+    assert count.drawn == 4 and not count.exhausted  # the trainer drew the step's batch
+    assert [count.grant(8), count.grant(8), count.grant(8)] == [8, 8, 4]
+    assert count.exhausted and count.grant(1) == 0 and count.drawn == 24
+    count.begin(step=1, need=2)  # a second sample call of the same step (separate_async mini-batches): no reset
+    assert count.drawn == 24
+    count.begin(step=2, need=4)
+    assert count.drawn == 4 and count.finished == 0
+    unbounded = DrawCount(options(max_num_gen_batches=0))
+    unbounded.begin(1, 4)
+    assert unbounded.grant(10**6) == 10**6 and not unbounded.exhausted
+
+
+def test_round_lines_report_the_fraction_kept():
+    count = DrawCount(options())
+    count.begin(step=3, need=4)
+    assert count.record(kept=1, filtered=Counter({0.0: 2})) is None  # 3 of a round of 4 finished
+    line = count.record(kept=1, filtered=Counter())
+    assert line == (f"[rpg.dynamic_sampling] step 3 round 1: 2 of 4 groups kept (50%); 4 prompts drawn of at most "
+                    f"24 ({BOUND_KEY}=2)")  # fmt: skip
+    assert count.record(kept=0, filtered=Counter({1.0: 5})).startswith("[rpg.dynamic_sampling] step 3 round 2: 0 of 5")
+    assert "2 of 9 finished groups kept (22%)" in count.summary()
+    assert count.metrics() == {"training/filter_groups/kept_fraction": 2 / 9, "training/filter_groups/drawn_prompts": 4.0}
+
+
+def test_the_stop_message_names_the_causes_and_the_setting():
+    count = DrawCount(options())
+    count.begin(step=1, need=4)
+    count.grant(20)
+    count.record(kept=0, filtered=Counter({0.0: 24}))
+    msg = count.exhausted_message()
+    for part in ("training step 1", "drew 24 prompts", f"{BOUND_KEY}=2", "3 × 4 prompts", "only 0 of the 4 groups",
+                 "(acc = 0 in 24)", "chat template", "answer format", "response length", "max_response_length",
+                 "algorithm.filter_groups.enable=False"):  # fmt: skip
+        assert part in msg, (part, msg)
+    assert "too easy" not in msg
+    easy = DrawCount(options())
+    easy.begin(1, 4)
+    easy.record(kept=0, filtered=Counter({1.0: 4}))
+    assert "too easy" in easy.exhausted_message() and "chat template" not in easy.exhausted_message()
+
+
+def test_the_buffer_stops_when_the_bound_is_spent_and_nothing_is_in_flight():
+    buf, drawn = buffer()
+    assert (buf.filter_groups_metric, buf.gen_batch_size, buf.max_inflight_gen_batches) == ("acc", 1, 3)
+    buf.count.begin(step=1, need=4)
+    buf.running_keys["train"] = {"uid-a"}
+    assert buf.refill_fn(30) == 20 and drawn == [20]  # capped at the bound
+    assert buf.refill_fn(8) == 0 and drawn == [20]  # spent, a group still running: wait for it
+    buf.running_keys["train"] = set()
+    with pytest.raises(DynamicSamplingExhausted, match="dynamic sampling stopped at training step 1"):
+        buf._wait_for_next_poll("train", 0.0)  # spent, nothing in flight, batch not full
+    with pytest.raises(DynamicSamplingExhausted):
+        buf.refill_fn(8)
+
+
+def test_every_trainer_mode_gets_a_bounded_buffer():
+    for mode in ("colocate_async", "separate_async"):
+        buf, drawn = buffer(mode)
+        assert type(buf) is BoundedReplayBufferAsync and buf.filter_groups_metric == "acc"
+        assert hasattr(buf, "wait_for_sampleable") and hasattr(buf, "get_sampleable_count")
+        buf.count.begin(step=5, need=4)
+        assert buf.refill_fn(100) == 20
+    with pytest.raises(ValueError, match="asynchronous trainer modes"):
+        BoundedReplayBufferAsync(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
+                                 max_off_policy_strategy="drop", refill_fn=None,
+                                 sampler_kwargs={"train_batch_size": 4})  # fmt: skip
+
+
+def launch_config(**sampler):
+    base = {"path": "pkg://rpg.dynamic_sampling", "name": "BoundedReplayBuffer"}
+    return OmegaConf.create({
+        "algorithm": {"filter_groups": FILTER}, "data": {"train_batch_size": 4},
+        "trainer": {"v1": {"sampler": {"custom_sampler": {**base, **sampler.get("custom", {})}, "sampler_kwargs": {
+            "filter_groups": "${algorithm.filter_groups}", "train_batch_size": "${data.train_batch_size}",
+            **sampler.get("kwargs", {})}}}},
+    })  # fmt: skip
+
+
+def test_launch_refuses_a_bound_that_no_sampler_would_enforce():
+    check_config(launch_config())
+    check_config(launch_config(custom={"path": "pkg://rpg.cpu.sampler", "name": "FastPollReplayBuffer"}))
+    with pytest.raises(ValueError, match=f"{BOUND_KEY}=2 is ignored by verl's built-in replay buffer"):
+        check_config(launch_config(custom={"path": None, "name": None}))
+    with pytest.raises(ValueError, match="sampler_kwargs.train_batch_size must equal data.train_batch_size"):
+        check_config(launch_config(kwargs={"train_batch_size": 8}))
+    off = launch_config(custom={"path": None, "name": None})
+    off.algorithm.filter_groups.max_num_gen_batches = 0
+    check_config(off)  # no bound asked for: verl's buffer is fine
