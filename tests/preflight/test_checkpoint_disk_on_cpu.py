@@ -33,6 +33,10 @@ def test_the_estimate_counts_weights_optimizer_states_and_the_periodic_reference
     cfg.actor_rollout_ref.actor.checkpoint.save_contents.append("hf_model")
     assert estimate(cfg).parts["periodic reference weights"] == 2 * p and estimate(cfg).parts["HF export"] == 4 * p
     assert estimate(config(max_actor_ckpt_to_keep=None)).copies == saves(config()) == 20  # every save kept
+    cfg = config()  # the EMA reference saves its fp32 weights too (docs/reference-modes.md#ema)
+    cfg.actor_rollout_ref.actor.policy_loss.reference = "ema"
+    cfg.actor_rollout_ref.ref.fsdp_config.model_dtype = "fp32"
+    assert estimate(cfg).parts["EMA reference weights"] == 4 * p
 
 
 def test_a_disk_too_small_is_refused_with_the_numbers_and_the_fix():
