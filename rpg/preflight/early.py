@@ -62,21 +62,20 @@ Flags:
   --help-config       Hydra's help: every config group and the full default config (about 1,100 lines)
   -h, --help          this page
 
-Key settings (Hydra keys; recipe knobs in parentheses, defaults and the full list in recipe/rpg/README.md):
-  {LOSS_MODE_KEY}=rpg_reinforce_urkl   (LOSS_MODE; {LIST_HINT})
-  {POLICY_LOSS_KEY}.kl_coef=1e-4                  (KL_COEF: β)
-  {POLICY_LOSS_KEY}.reference=iterative           (REFERENCE: iterative | frozen | periodic)
-  {ADV_ESTIMATOR_KEY}=rpg                                           (ADV_ESTIMATOR)
-  actor_rollout_ref.actor.clip_ratio_low / clip_ratio_high / clip_ratio_c      (CLIP_LOW, CLIP_HIGH; c = 10)
-  actor_rollout_ref.actor.optim.lr=1e-6                                (LR)
-  data.max_prompt_length / data.max_response_length                    (PROMPT_LEN, RESPONSE_LEN or CTX)
-  actor_rollout_ref.model.path, data.train_files, data.val_files       (MODEL_PATH, TRAIN_FILE, TEST_FILE)
-  trainer.total_training_steps, trainer.n_gpus_per_node, trainer.nnodes  (N_GPUS, NNODES)
+Key settings (Hydra keys; defaults in the recipe's config groups, rpg/config/):
+  actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_urkl   (python -m rpg.launch --list)
+  actor_rollout_ref.actor.policy_loss.kl_coef=1e-4                  (β; kl_control=adaptive: β follows kl_target)
+  actor_rollout_ref.actor.policy_loss.reference=iterative           (iterative | frozen | periodic | ema)
+  actor_rollout_ref.actor.policy_loss.base_loss_mode=gspo           (the verl loss under rpg_kl_<div>)
+  algorithm.adv_estimator=rpg, actor_rollout_ref.actor.clip_ratio_low / clip_ratio_high / clip_ratio_c (c = 10)
+  actor_rollout_ref.actor.optim.lr=1e-6, data.max_prompt_length, data.max_response_length
+  Environment knobs (recipe/rpg/README.md): MODEL_PATH TRAIN_FILE TEST_FILE CKPTS_DIR N_GPUS NNODES ...
 
 Overrides: key=value sets a key of verl's config; +key=value adds a key (treated as ++: add or override); RPG's
 policy_loss options work with or without the +. On a recipe script, put them after the script name: they come last,
-so they win over the script's settings and its exported knobs:
-  RPG_DRY_RUN=1 bash recipe/rpg/4b/run_rpg_reinforce_urkl_4k.sh {POLICY_LOSS_KEY}.kl_coef=1e-3
+so they win over the script's settings. A former script knob exported in the shell (LR, KL_COEF, CLIP_LOW, CTX, ...)
+is refused, naming the override to pass instead (recipe/rpg/README.md#exported-knob-rule):
+  RPG_DRY_RUN=1 bash recipe/rpg/4b/run_rpg_reinforce_urkl_4k.sh actor_rollout_ref.actor.policy_loss.kl_coef=1e-3
 
 Environments: GPU runs use python3 of the GPU environment (docs/gpu.md); the CPU profile (RPG_PROFILE=cpu) the
 repository's .venv (scripts/setup_env.sh). Docs: docs/losses.md (the losses), docs/gpu.md (install, memory plan).
