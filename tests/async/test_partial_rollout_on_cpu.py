@@ -201,7 +201,7 @@ def test_profile_sampler_setting_builds_verls_async_buffer_in_async_modes(mode):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"train_batch_size": 8, "poll": 1}, "unknown sampler_kwargs"),
+    ({"train_batch_size": 8, "poll": 1}, r"sampler_kwargs: unknown keys \['poll'\]"),
     ({"train_batch_size": 8, "filter_groups": {"enable": True, "metric": None}}, "metric"),
 ])
 def test_async_sampler_rejects_bad_settings(kwargs, match):
