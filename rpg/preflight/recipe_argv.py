@@ -219,10 +219,16 @@ def late_overrides(env: Dict[str, str], args: List[str]) -> List[str]:
     if env.get("TRAINER_MODE") and (mode != "sync" or _last(args, "trainer.v1.trainer_mode")):
         out.append(f"trainer.v1.trainer_mode={mode}")
     for knob_names, key, value in MODE_KNOBS:  # a mode's own knobs, for the scripts that select the mode
-        if _last(args, key) == value:
-            for name in knob_names:
-                if env.get(name):
-                    out.append(f"{next(k.key for k in KNOBS if k.name == name)}={env[name]}")
+        for name in knob_names:
+            if not env.get(name):
+                continue
+            if _last(args, key) != value:  # never silently dropped
+                raise KnobError(
+                    f"{name}={env[name]} is exported, but it is a knob of the {key.rsplit('.', 1)[1]}={value} mode, "
+                    f"which this script does not select ({key}={_last(args, key) or 'its default'}). Unset {name}, or "
+                    f"select the mode: add {key}={value} after the script name"
+                )
+            out.append(f"{next(k.key for k in KNOBS if k.name == name)}={env[name]}")
     return out
 
 

@@ -72,6 +72,18 @@ def test_environment_knobs_are_honoured():
     assert list(cfg.data.val_files) == ["/d/amc-2023.parquet", "/d/aime-2024.parquet", "/d/aime-2025.parquet"]
 
 
+def test_a_mode_knob_is_honoured_where_the_mode_is_selected_and_refused_elsewhere():
+    """REF_EMA_DECAY reaches an EMA script's config; exported for a script without that mode it is refused (a knob
+    is never silently dropped), naming the mode and how to select it."""
+    proc = run_script(RECIPE / "4b" / "run_rpg_reinforce_urkl_4k_ema.sh", RPG_PRINT_ARGV="1", REF_EMA_DECAY="0.5")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["argv"][-1] == "actor_rollout_ref.actor.policy_loss.ref_ema_decay=0.5"
+    proc = run_script(RECIPE / "4b" / "run_rpg_reinforce_urkl_4k.sh", RPG_PRINT_ARGV="1", REF_EMA_DECAY="0.5")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert "REF_EMA_DECAY=0.5 is exported, but it is a knob of the reference=ema mode" in proc.stderr, proc.stderr
+    assert "add actor_rollout_ref.actor.policy_loss.reference=ema after the script name" in proc.stderr
+
+
 @pytest.mark.parametrize("path", ["/d/a b.parquet", "/d/it's.parquet", "/d/x\\'y", "/d/${oc.env:HOME}", "/d/a\\\\",
                                   "/d/\\${x}", "C:\\data\\"])  # fmt: skip
 def test_hydra_str_composes_to_the_exact_string(path: str):
