@@ -31,13 +31,15 @@ def test_the_static_names_are_verls_and_rpgs():
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from verl.workers.config import PolicyLossConfig
 
-    def verls(registry):  # verl's own entries (other tests of this worker may register spies of their own)
-        return sorted(n for n, f in registry.items() if getattr(f, "__module__", "").startswith("verl."))
+    def verls(registry, *packages):  # verl's (and `packages`') entries: other tests of this worker may add spies
+        prefixes = tuple(f"{p}." for p in ("verl", *packages))
+        return sorted(n for n, f in registry.items() if getattr(f, "__module__", "").startswith(prefixes))
 
     assert sorted(early.VERL_POLICY_LOSSES) == verls(POLICY_LOSS_REGISTRY)
     assert sorted(early.VERL_ADV_ESTIMATORS) == verls(ADV_ESTIMATOR_REGISTRY)
     assert early.RPG_ADV_ESTIMATORS == tuple(ADVANTAGE_ESTIMATORS)
-    assert set(early.policy_loss_names()) == set(POLICY_LOSS_REGISTRY) and set(LOSSES) <= set(plugin.REGISTERED)
+    assert sorted(early.policy_loss_names()) == verls(POLICY_LOSS_REGISTRY, "rpg")
+    assert set(LOSSES) <= set(plugin.REGISTERED)
     verl_fields = [f.name for f in dataclasses.fields(PolicyLossConfig)]
     assert list(early.VERL_POLICY_LOSS_FIELDS) == verl_fields
     assert [f.name for f in dataclasses.fields(RPGPolicyLossConfig) if f.name not in verl_fields] == list(
