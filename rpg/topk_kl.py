@@ -71,42 +71,57 @@ def _rows(logits: Tensor, valid: Tensor, s: int, e: int) -> Tensor:
 
 
 class _ChunkedLogSumExp(torch.autograd.Function):
-    """log Σ_V exp(z) per row and (no gradient) Σ_V softmax(z)² per row, `chunk` rows at a time; the backward
-    recomputes the softmax chunk by chunk, so no (N, V) working-precision copy is kept."""
+    """Per row: log Σ_V exp(z), the logits at `ids` (N, k) (both with gradient) and Σ_V softmax(z)² (none), `chunk`
+    rows at a time. The backward writes softmax·g_lse chunk by chunk straight into the gradient's memory and adds
+    the gathered entries' gradient in place: no (N, V) working copy and no second (N, V) gradient to sum. Rows
+    outside `valid` get lse 0, gathered logits 0 and gradient 0 whatever they hold (NaN/inf garbage included)."""
 
     @staticmethod
-    def forward(ctx, logits, valid, chunk, want_sq):
+    def forward(ctx, logits, ids, valid, chunk, want_sq):
         n, dt = logits.shape[0], _work_dtype(logits.dtype)
         lse = torch.zeros(n, dtype=dt, device=logits.device)
         sq = torch.zeros(n if want_sq else 0, dtype=dt, device=logits.device)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
-            x = _rows(logits, valid, s, e)
-            lse[s:e] = torch.logsumexp(x, -1)
+            x = logits[s:e].to(dt)
+            lse[s:e] = torch.where(valid[s:e], torch.logsumexp(x, -1), 0.0)
             if want_sq:
-                sq[s:e] = torch.exp(2.0 * (x - lse[s:e, None])).sum(-1)
-        ctx.save_for_backward(logits, valid, lse)
+                sq[s:e] = torch.where(valid[s:e], torch.exp(2.0 * (x - lse[s:e, None])).sum(-1), 0.0)
+        z_s = torch.where(valid[:, None], logits.gather(-1, ids).to(dt), 0.0)
+        ctx.save_for_backward(logits, ids, valid, lse)
         ctx.chunk = chunk
         ctx.mark_non_differentiable(sq)
-        return lse, sq
+        return lse, z_s, sq
 
     @staticmethod
-    def backward(ctx, g_lse, _g_sq):
-        logits, valid, lse = ctx.saved_tensors
+    def backward(ctx, g_lse, g_zs, _g_sq):
+        logits, ids, valid, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
-        g = torch.where(valid, g_lse, 0.0)
+        g = torch.zeros_like(lse) if g_lse is None else torch.where(valid, g_lse, 0.0)
         for s in range(0, logits.shape[0], ctx.chunk):
             e = min(s + ctx.chunk, logits.shape[0])
-            grad[s:e] = (torch.exp(_rows(logits, valid, s, e) - lse[s:e, None]) * g[s:e, None]).to(logits.dtype)
-        return grad, None, None, None
+            x = logits[s:e]
+            if x.dtype == lse.dtype:  # softmax·g written straight into the gradient's rows
+                out = torch.sub(x, lse[s:e, None], out=grad[s:e]).exp_().mul_(g[s:e, None])
+            else:
+                out = grad[s:e].copy_((x.to(lse.dtype) - lse[s:e, None]).exp_().mul_(g[s:e, None]))
+            out.masked_fill_(~valid[s:e, None], 0.0)
+        if g_zs is not None:
+            grad.scatter_add_(-1, ids, torch.where(valid[:, None], g_zs, 0.0).to(grad.dtype))
+        return grad, None, None, None, None
 
 
 def chunked_logsumexp(
     logits: Tensor, mask: Optional[Tensor] = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, with_sum_sq: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """(lse (N,), Σ_V p² (N,) or empty) of `logits` (N, V) in fp32 (fp64 for fp64 logits); 0 gradient on padding."""
-    valid = _valid(logits, mask)
-    return _ChunkedLogSumExp.apply(logits, valid, int(chunk_tokens), bool(with_sum_sq))
+    """(lse (N,), Σ_V p² (N,) or empty) of `logits` (N, V) in fp32 (fp64 for fp64 logits); 0 on padding rows."""
+    lse, _, sq = _logsumexp_and_gather(logits, logits.new_zeros(logits.shape[0], 0, dtype=torch.long), mask,
+                                       chunk_tokens, with_sum_sq)  # fmt: skip
+    return lse, sq
+
+
+def _logsumexp_and_gather(logits, ids, mask, chunk_tokens, with_sum_sq):
+    return _ChunkedLogSumExp.apply(logits, ids.long(), _valid(logits, mask), int(chunk_tokens), bool(with_sum_sq))
 
 
 def _valid(logits: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -205,9 +220,7 @@ def topk_kl(
     n, vocab = logits.shape
     k = check_k(support.ids.shape[-1], vocab, "support width k")
     valid = _valid(logits, mask)
-    log_z, sum_sq = chunked_logsumexp(logits, valid, chunk_tokens, with_sum_sq)
-    ids = support.ids.long()
-    z_s = torch.where(valid[:, None], logits.gather(-1, ids).to(log_z.dtype), 0.0)
+    log_z, z_s, sum_sq = _logsumexp_and_gather(logits, support.ids, valid, chunk_tokens, with_sum_sq)
     log_p_s = z_s - log_z[:, None]
     log_q_s = torch.where(valid[:, None], support.log_probs.to(log_z.dtype), 0.0).detach()
     p_s, q_s = log_p_s.exp(), log_q_s.exp()
@@ -332,7 +345,8 @@ def kl_share(
         lw = d.clamp(-LOG_RATIO_GUARD, LOG_RATIO_GUARD)
         lr = torch.zeros_like(lw)
         if ref_log_prob is not None:
-            lr = torch.where(outside, ref_log_prob.reshape(-1).to(f64) - old, 0.0).clamp(-LOG_RATIO_GUARD, LOG_RATIO_GUARD)
+            lr = torch.where(outside, ref_log_prob.reshape(-1).to(f64) - old, 0.0)
+            lr = lr.clamp(-LOG_RATIO_GUARD, LOG_RATIO_GUARD)
         s = ok_w * (lw.exp() * (lw - lr + 1.0) if terms.direction == "reverse" else -lr.exp())
         s = torch.where(outside, s, 0.0)
     kappa = a.sum(-1) + s
