@@ -339,6 +339,8 @@ def kl_share(
     outside = ~token_in_support.reshape(-1).bool()
     s = torch.zeros_like(py)
     if terms.tail == "sampled":
+        if old_log_prob is None:
+            raise ValueError("kl_share with tail='sampled' needs old_log_prob (log μ_y) for the tail's coefficient")
         old = old_log_prob.reshape(-1).to(f64)
         d = torch.where(outside, lpy - old, 0.0)
         ok_w = (d.abs() <= LOG_RATIO_GUARD).to(f64)
