@@ -584,3 +584,29 @@ def memory_plan(config: Any, model_cfg: Optional[dict] = None, budget_gib: Optio
                          f"it covers fsdp and fsdp2")
     budget = budget_from_env() if budget_gib is None else float(budget_gib)
     return estimate(shape, settings_from_config(config, flash_ce), budget, model=path)
+
+
+def smoke_comparison(config: Any, report: Any) -> str:
+    """A smoke run's measured peaks (`rpg.smoke.SmokeReport`: `update_gib`, `gpu_peaks`, `device`) against the plan,
+    as benchmarks/gpu_memory_probe.py compares them: the actor workers' torch allocation peak against the update
+    phase less what lies outside their allocator (CUDA contexts, NCCL, the sleeping vLLM), NVML's peak used on a GPU
+    against the rollout phase, on the budget of the smallest GPU measured; OK unless a measurement exceeds the plan
+    by more than 0.5 GiB. "" when nothing was measured (CPU) or the plan cannot be made."""
+    if report.device == "cpu" or not (report.update_gib or report.gpu_peaks):
+        return ""
+    budget = min((t for _, t in report.gpu_peaks.values()), default=DEFAULT_BUDGET_GIB * GIB) / GIB
+    try:
+        plan = memory_plan(config, budget_gib=budget)
+    except ValueError:
+        return ""
+    outside = sum(plan.update.get(k, 0.0) for k in ("CUDA contexts", "NCCL", "vLLM asleep"))
+    used = max((u for u, _ in report.gpu_peaks.values()), default=None)
+    pairs = [("update, torch allocated", report.update_gib[0] if report.update_gib else None, plan.update_gib - outside),
+             ("rollout, GPU used (NVML)", used / GIB if used else None, plan.rollout_gib)]
+    parts, low = [], []
+    for label, measured, planned in pairs:
+        if measured is not None:
+            parts.append(f"{label} {measured:.1f} GiB vs planned {planned:.1f}")
+            low += [label] if measured > planned + 0.5 else []
+    verdict = "OK" if not low else f"PLAN TOO LOW for {', '.join(low)}: report it (docs/gpu.md#checking-the-plan-on-one-gpu)"
+    return f"[rpg smoke] memory vs plan (budget {budget:.1f} GiB): {'; '.join(parts)}; verdict {verdict}\n"

@@ -280,3 +280,21 @@ def test_vllm_pool_and_the_limits_use_the_total_cuda_reports():
     plan = M.estimate(SHAPES["Qwen/Qwen2.5-Math-7B"], M.Settings(gpu_memory_utilization=0.75), 80.0)
     assert plan.visible_gib == pytest.approx(80.0 - 480 / 1024) and plan.limit_gib == pytest.approx(plan.visible_gib - 2)
     assert plan.startup_free_needed_gib == pytest.approx(0.75 * plan.visible_gib)
+
+
+def test_the_smoke_report_compares_its_peaks_with_the_plan():
+    """rpg.smoke's report line: the actor's torch peak against the update phase less what lies outside its allocator,
+    NVML's peak against the rollout phase; nothing on CPU."""
+    from types import SimpleNamespace
+
+    cfg = _config("7b/run_dapo_7b.sh")
+    plan = M.memory_plan(cfg, budget_gib=80.0)
+    trainer_only = plan.update_gib - plan.update["CUDA contexts"] - plan.update["NCCL"] - plan.update["vLLM asleep"]
+    fits = SimpleNamespace(device="cuda", update_gib=(trainer_only - 1.0, 40.0), gpu_peaks={0: (70 * 1 << 30, 80 << 30)})
+    line = M.smoke_comparison(cfg, fits)
+    assert line == (f"[rpg smoke] memory vs plan (budget 80.0 GiB): update, torch allocated {trainer_only - 1:.1f} GiB "
+                    f"vs planned {trainer_only:.1f}; rollout, GPU used (NVML) 70.0 GiB vs planned {plan.rollout_gib:.1f}; "
+                    "verdict OK\n")  # fmt: skip
+    over = SimpleNamespace(device="cuda", update_gib=(trainer_only + 2.0, 50.0), gpu_peaks={})
+    assert "verdict PLAN TOO LOW for update, torch allocated" in M.smoke_comparison(cfg, over)
+    assert M.smoke_comparison(cfg, SimpleNamespace(device="cpu", update_gib=(1.0, 1.0), gpu_peaks={})) == ""
