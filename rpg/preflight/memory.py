@@ -37,7 +37,8 @@ Ignored (each one can move a number by up to about a GiB; the constants below ar
 allocator fragmentation (``HEADROOM_GIB``: verl switches the trainer's allocator to ``expandable_segments:True``
 after each weight sync, verl/workers/engine_workers.py:827, so the update phase runs with it; an H200 probe measured
 1.5–18.7 GiB reserved above the allocated peak without it, 11.3 GiB with it at 55 GiB allocated, and the allocator
-returns cached blocks before it raises an out-of-memory error, so the plan counts allocated bytes), Ulysses sequence parallelism (activations are taken
+returns cached blocks before it raises an out-of-memory error, so the plan counts allocated bytes), Ulysses
+sequence parallelism (activations are taken
 as if ``ulysses_sequence_parallel_size == 1``), LoRA, activation offload, ``use_remove_padding=False`` padding,
 vision towers, MoE, torch.compile's workspaces, vLLM's CUDA-graph pool beyond ``VLLM_SLEEP_REMAINDER_GIB``,
 processes other than verl's on the GPU, and the critic (RPG and the baselines have none).
@@ -69,7 +70,7 @@ VLLM_SLEEP_REMAINDER_GIB = 1.0  # what a sleeping vLLM keeps besides its context
 HEADROOM_GIB = 2.0  # allocator fragmentation and small buffers: a phase must fit in budget - headroom
 # Measured on one GPU (issue 33; docs/gpu.md#checking-the-plan-on-one-gpu)
 TORCH_CE_FP32_COPIES = 1  # fp32 tokens × vocab tensors torch's cross-entropy path adds at the logits moment (H200)
-CUDA_HIDDEN_MIB = ((81_559, 480), (143_771, 615))  # (NVML total, NVML − torch.cuda.mem_get_info total) MiB: H100, H200
+CUDA_HIDDEN_MIB = ((81_559, 480), (143_771, 615))  # (NVML total, NVML − mem_get_info total) MiB: H100, H200
 
 
 def cuda_hidden_gib(budget_gib: float) -> float:
@@ -178,8 +179,8 @@ class Settings:
     optimizer_states: int = 2  # fp32 tensors per parameter (AdamW: exp_avg, exp_avg_sq; schedule-free: z, exp_avg_sq)
     foreach_step: bool = True  # torch.optim foreach step: one more fp32 shard while stepping
     flash_ce: bool = True  # flash-attn's in-place cross-entropy (the flash_attn package); False: torch's path
-    accumulated_grads: bool = True  # gradient shards exist during a backward (every micro-batch after a mini-batch's
-    # first: verl accumulates); False: a lone micro-batch after zero_grad(set_to_none), as benchmarks/gpu_memory_probe.py
+    accumulated_grads: bool = True  # gradient shards exist during a backward (every micro-batch after a
+    # mini-batch's first: verl accumulates); False: a lone micro-batch after zero_grad(set_to_none), as the probe
     gradient_checkpointing: bool = True
     fused_kernels: bool = False  # use_fused_kernels: logits never materialised in full
     entropy: bool = False  # entropy computed from the logits (entropy_coeff != 0 or calculate_entropy)
@@ -487,7 +488,7 @@ def optimizer_states(name: str) -> tuple[int, bool]:
 
 def flash_ce_available() -> bool:
     """Whether verl 0.9.1 takes flash-attn's in-place cross-entropy in this environment (verl/utils/torch_functional.py:
-    the `flash_attn` package importable and VERL_DISABLE_FLASH_ATTN_CE unset); else torch's path (more logits copies)."""
+    the `flash_attn` package importable, VERL_DISABLE_FLASH_ATTN_CE unset); else torch's path (more logits copies)."""
     import importlib.util
 
     return importlib.util.find_spec("flash_attn") is not None and os.environ.get("VERL_DISABLE_FLASH_ATTN_CE") != "1"
@@ -601,12 +602,14 @@ def smoke_comparison(config: Any, report: Any) -> str:
         return ""
     outside = sum(plan.update.get(k, 0.0) for k in ("CUDA contexts", "NCCL", "vLLM asleep"))
     used = max((u for u, _ in report.gpu_peaks.values()), default=None)
-    pairs = [("update, torch allocated", report.update_gib[0] if report.update_gib else None, plan.update_gib - outside),
+    alloc = report.update_gib[0] if report.update_gib else None
+    pairs = [("update, torch allocated", alloc, plan.update_gib - outside),
              ("rollout, GPU used (NVML)", used / GIB if used else None, plan.rollout_gib)]
     parts, low = [], []
     for label, measured, planned in pairs:
         if measured is not None:
             parts.append(f"{label} {measured:.1f} GiB vs planned {planned:.1f}")
             low += [label] if measured > planned + 0.5 else []
-    verdict = "OK" if not low else f"PLAN TOO LOW for {', '.join(low)}: report it (docs/gpu.md#checking-the-plan-on-one-gpu)"
+    verdict = "OK" if not low else (f"PLAN TOO LOW for {', '.join(low)}: report it "
+                                    "(docs/gpu.md#checking-the-plan-on-one-gpu)")
     return f"[rpg smoke] memory vs plan (budget {budget:.1f} GiB): {'; '.join(parts)}; verdict {verdict}\n"
