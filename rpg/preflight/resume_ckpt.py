@@ -12,6 +12,8 @@ ranks live) and modes:
   `actor.checkpoint.load_contents` selects them: `actor/model_world_size_W_rank_r.pt` (`model`),
   `actor/optim_world_size_W_rank_r.pt` (`optimizer`), `actor/extra_state_world_size_W_rank_r.pt` (`extra`: the LR
   scheduler and RNG states);
+* the critic's three files per rank under `critic/` when the run has one (verl's `need_critic`: GAE, or
+  `critic.enable`);
 * `data.pt`, the data loader's state (verl only warns without it and restarts the data order from the beginning);
 * `transfer_queue/`, the in-flight prompts, in the asynchronous trainer modes (`trainer.v1.trainer_mode`);
 * this project's (rpg/reference/periodic.py): `actor/rpg_reference/state.json` for `reference=periodic|ema`, and
@@ -57,6 +59,11 @@ def expected(config: Any, step_dir: Path) -> list[tuple[str, str]]:
     contents = list(ckpt.get("load_contents", None) or ckpt.get("save_contents", None) or RANK_FILES)
     pieces = [(f"{ACTOR}/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"actor {c} state of rank {r}")
               for c in RANK_FILES if c in contents for r in range(w)]  # fmt: skip
+    if _needs_critic(config):  # verl's need_critic; the critic shares the actor's pool and file names
+        critic = (config.get("critic", None) or {}).get("checkpoint", None) or {}
+        kinds = list(critic.get("load_contents", None) or critic.get("save_contents", None) or RANK_FILES)
+        pieces += [(f"critic/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"critic {c} state of rank {r}")
+                   for c in RANK_FILES if c in kinds for r in range(w)]  # fmt: skip
     pieces.append(("data.pt", "the data loader's state"))
     if str(config.trainer.get("v1", {}).get("trainer_mode", "sync") or "sync") != "sync":
         pieces.append(("transfer_queue", "the asynchronous trainer's in-flight prompts"))
@@ -69,6 +76,11 @@ def expected(config: Any, step_dir: Path) -> list[tuple[str, str]]:
     if str(loss.get("kl_control", "fixed") or "fixed") == "adaptive":
         pieces.append((KL_CONTROL, "the adaptive β controller's state"))
     return pieces
+
+
+def _needs_critic(config: Any) -> bool:
+    enable = (config.get("critic", None) or {}).get("enable", None)
+    return bool(enable) if enable is not None else str(config.algorithm.get("adv_estimator", "")) == "gae"
 
 
 def _saved_reference_weights(state: Path) -> bool:

@@ -20,6 +20,7 @@ ONE_RANK = ["actor/model_world_size_1_rank_0.pt", "actor/optim_world_size_1_rank
 
 def config(folder: Path, ranks: int = 1, mode: str = "auto", **loss) -> object:
     return OmegaConf.create({
+        "algorithm": {"adv_estimator": "rpg"}, "critic": {"enable": None},
         "trainer": {"n_gpus_per_node": ranks, "nnodes": 1, "resume_mode": mode, "resume_from_path": None,
                     "default_local_dir": str(folder), "v1": {"trainer_mode": "sync"}},
         "actor_rollout_ref": {"actor": {"checkpoint": {"save_contents": ["model", "optimizer", "extra"],
@@ -74,6 +75,8 @@ def test_every_rank_of_the_world_size_and_a_resume_path(tmp_path):
     assert "lacks actor/optim_world_size_2_rank_1.pt (actor optimizer state of rank 1)" in resume_ckpt.problem(cfg)
     cfg.actor_rollout_ref.actor.checkpoint.save_contents = ["model", "extra"]  # load_contents follows: no optimizer
     assert resume_ckpt.problem(cfg) is None
+    cfg.algorithm.adv_estimator = "gae"  # a critic (verl's need_critic): its shards are read too
+    assert "lacks critic/model_world_size_2_rank_0.pt (critic model state of rank 0)" in resume_ckpt.problem(cfg)
 
 
 def test_the_reference_and_beta_state_of_the_runs_modes(tmp_path, capsys):
