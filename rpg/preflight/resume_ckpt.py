@@ -96,13 +96,13 @@ def missing(config: Any, step_dir: Path) -> list[tuple[str, str]]:
 
 def resume_target(config: Any) -> Optional[Path]:
     """The folder verl would resume from (its `_load_checkpoint` rules), None when it would start from scratch."""
-    mode = str(config.trainer.get("resume_mode", "disable"))
+    mode = str(config.trainer.get("resume_mode", "auto"))  # verl's default
     if mode == "resume_path":
         path = config.trainer.get("resume_from_path", None)
-        return Path(os.path.expanduser(str(path))).absolute() if path else None
-    if mode != "auto":
+        return Path(os.path.abspath(path)) if isinstance(path, str) else None  # relative: to the working directory
+    if mode != "auto" or not config.trainer.get("default_local_dir", None):
         return None
-    folder = Path(os.path.expanduser(str(config.trainer.default_local_dir))).absolute()
+    folder = Path(os.path.abspath(str(config.trainer.default_local_dir)))
     try:
         step = int((folder / TRACKER).read_text().strip())
     except (OSError, ValueError):
