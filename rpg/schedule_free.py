@@ -380,7 +380,7 @@ def _saved_optimizer_is_schedule_free(path: str) -> Optional[bool]:
 
 
 def _resumed_actor_checkpoint(config: Any) -> Optional[str]:
-    """The actor checkpoint folder verl's trainer will resume from (`rpg.preflight.resume_ckpt.resume_target`), or None."""
+    """The actor checkpoint folder verl's trainer will resume from (`rpg.preflight.resume_ckpt`), or None."""
     from rpg.preflight.resume_ckpt import resume_target
 
     folder = resume_target(config)
