@@ -19,7 +19,9 @@ In bypass mode π_old *is* vLLM's, so none of those is logged; the loss logs the
 The share of tokens with |Δ log p| > `LOGP_THRESHOLD` (log 2: a token whose probability ratio leaves [1/2, 2], verl's
 default TIS threshold) is the one figure verl does not log. `token_share_over` computes it from the two log-prob
 tensors, and `with_share` wraps verl's `calculate_debug_metrics` (the one place in the trainer where both exist) to
-add `SHARE_KEY`; the report shows it when a run logged it, else says it was not measured.
+add `SHARE_KEY`; `install()` (with `check()` and `installed()`, `rpg.install`'s contract) puts it into verl's trainer,
+but no `RPG_INSTALL` name selects it yet. The report shows the share when a run logged it, else says it was not
+measured.
 
 The thresholds are heuristics (rules of thumb, not measured on this project's recipes): a run is flagged when
 k3 KL > 1e-3 per token, χ² per token > 0.05, a token's probability differs by more than 0.5, more than 0.1 % of
@@ -78,6 +80,41 @@ def with_share(calculate_debug_metrics):
 
     wrapped.__wrapped__ = calculate_debug_metrics
     return wrapped
+
+
+TRAINER_MODULE = "verl.trainer.ppo.v1.trainer_base"  # where verl 0.9.1's trainer calls calculate_debug_metrics
+WHAT = "rpg's token share over |Δ log p| > log 2 in verl's calculate_debug_metrics (rpg/mismatch.py)"
+MARK = "__rpg_rollout_logp_share__"
+
+
+def check() -> None:
+    """The guard of `install` (the `rpg.install` contract): verl's version and the function it wraps."""
+    import importlib
+
+    from rpg.compat import SUPPORTED_VERL, require_signature, require_version
+
+    require_version("verl", SUPPORTED_VERL, WHAT)
+    require_signature(importlib.import_module(TRAINER_MODULE).calculate_debug_metrics, ("data",), WHAT)
+
+
+def install() -> None:
+    """Make verl's trainer log `SHARE_KEY` with its own mismatch metrics (idempotent). Not selected by any run yet:
+    wiring it into `rpg.install`'s names is what makes a run log the share."""
+    import importlib
+
+    check()
+    module = importlib.import_module(TRAINER_MODULE)
+    if not installed():
+        wrapped = with_share(module.calculate_debug_metrics)
+        setattr(wrapped, MARK, True)
+        module.calculate_debug_metrics = wrapped
+
+
+def installed() -> bool:
+    import sys
+
+    module = sys.modules.get(TRAINER_MODULE)
+    return module is not None and getattr(module.calculate_debug_metrics, MARK, False)
 
 
 def _steps(rows: Mapping[int, Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -61,3 +61,20 @@ def test_the_share_is_added_to_verls_debug_metrics():
 
     wrapped = with_share(lambda data: {"training/rollout_probs_diff_mean": 0.1})
     assert wrapped(Data()) == {"training/rollout_probs_diff_mean": 0.1, SHARE_KEY: 0.5}
+
+
+def test_install_wraps_verls_trainer_call_once_and_is_guarded(monkeypatch):
+    import importlib
+
+    from rpg import mismatch
+
+    trainer = importlib.import_module(mismatch.TRAINER_MODULE)
+    original = trainer.calculate_debug_metrics
+    monkeypatch.setattr(trainer, "calculate_debug_metrics", original)  # restored after the test
+    assert not mismatch.installed()
+    mismatch.install()
+    mismatch.install()  # idempotent: wrapped once
+    assert mismatch.installed() and trainer.calculate_debug_metrics.__wrapped__ is original
+    monkeypatch.setattr(trainer, "calculate_debug_metrics", lambda batch, extra: {})
+    with pytest.raises(RuntimeError, match="calculate_debug_metrics"):
+        mismatch.check()
