@@ -3,6 +3,7 @@ bytes per state for each dtype/offload setting, the plan line and problems, and 
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from pathlib import Path
@@ -174,6 +175,7 @@ RECIPES = ["7b/run_rpg_7b_urkl1e-4.sh", "7b/run_grpo_7b.sh", "7b/run_rpg_7b_fkl1
            "4b/run_rpg_urkl_8k.sh"]
 
 
+@functools.lru_cache(maxsize=None)  # read only: each script composed once per session
 def _config(script: str, **over):
     import recipe_helpers as H
 
@@ -287,7 +289,7 @@ def test_the_smoke_report_compares_its_peaks_with_the_plan():
     NVML's peak against the rollout phase; nothing on CPU."""
     from types import SimpleNamespace
 
-    cfg = _config("7b/run_dapo_7b.sh")
+    cfg = _config(RECIPES[0])  # composed for test_recipe_plans already
     plan = M.memory_plan(cfg, budget_gib=80.0)
     trainer_only = plan.update_gib - plan.update["CUDA contexts"] - plan.update["NCCL"] - plan.update["vLLM asleep"]
     fits = SimpleNamespace(device="cuda", update_gib=(trainer_only - 1.0, 40.0), gpu_peaks={0: (70 * 1 << 30, 80 << 30)})
