@@ -15,6 +15,11 @@ This module is verl's own replay buffer, installed through verl's hook for a cus
   beyond it are not drawn, and once the prompts drawn have all finished without enough kept groups the run stops
   with `DynamicSamplingExhausted`, whose message names the likely causes and the setting
   (`max_num_gen_batches` ≤ 0: no bound, verl's behaviour);
+* no signal stops at once: when the first `max_empty_rounds` rounds of a step (default 3,
+  `NO_SIGNAL_ROUNDS`) keep no group at all, every group's reward being equal, the run stops with
+  `DynamicSamplingNoSignal` and the same diagnosis, long before the bound (20 generation batches of 3 rounds each);
+  once a step keeps any group, `max_num_gen_batches` alone bounds it. Opt-out:
+  `+trainer.v1.sampler.sampler_kwargs.max_empty_rounds=0`;
 * a line per round (every `data.train_batch_size` finished groups) with the fraction of groups kept, and one per
   sampled batch; the metrics `training/filter_groups/kept_fraction` and `.../drawn_prompts`;
 * the settings a custom sampler does not receive from verl (the group filter, the batch size) are read from
@@ -35,14 +40,22 @@ from typing import Any, Optional
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
-SAMPLER_KWARGS = ("filter_groups", "train_batch_size", "poll_interval")
+SAMPLER_KWARGS = ("filter_groups", "train_batch_size", "poll_interval", "max_empty_rounds")
 BOUND_KEY = "algorithm.filter_groups.max_num_gen_batches"
+NO_SIGNAL_ROUNDS = 3  # rounds of data.train_batch_size finished groups, none kept, before a step stops (one
+# generation batch of the recipes' 3 × 512 prompts; a handful of groups for the CPU recipes' batch of 4)
+NO_SIGNAL_KEY = "trainer.v1.sampler.sampler_kwargs.max_empty_rounds"
 TRAIN = "train"
 
 
 class DynamicSamplingExhausted(RuntimeError):
     """A training step drew the most prompts `algorithm.filter_groups.max_num_gen_batches` allows, all of them
     finished, and too few groups had a varying reward to fill the batch."""
+
+
+class DynamicSamplingNoSignal(DynamicSamplingExhausted):
+    """The first `max_empty_rounds` rounds of a training step kept no group: every response of every group got the
+    same reward, so no group carries a learning signal (stopped before the bound)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +67,7 @@ class SamplerOptions:
     max_inflight_gen_batches: int
     max_num_gen_batches: int  # <= 0: no bound
     poll_interval: Optional[float]  # None: verl's default
+    max_empty_rounds: int = NO_SIGNAL_ROUNDS  # <= 0: only the bound stops a step
 
     @classmethod
     def parse(cls, sampler_kwargs: Any) -> "SamplerOptions":
@@ -73,7 +87,8 @@ class SamplerOptions:
         return cls(metric=str(fg["metric"]) if enabled else None, train_batch_size=int(opts["train_batch_size"]),
                    max_inflight_gen_batches=int(fg.get("max_inflight_gen_batches", 1) or 1),
                    max_num_gen_batches=int(fg.get("max_num_gen_batches", 0) or 0),
-                   poll_interval=None if poll is None else float(poll))  # fmt: skip
+                   poll_interval=None if poll is None else float(poll),
+                   max_empty_rounds=int(opts.get("max_empty_rounds", NO_SIGNAL_ROUNDS)))  # fmt: skip
 
     @property
     def gen_batch(self) -> int:
@@ -126,6 +141,12 @@ class DrawCount:
     def exhausted(self) -> bool:
         return self.options.limit is not None and self.drawn >= self.options.limit
 
+    @property
+    def no_signal(self) -> bool:
+        """The step's first `max_empty_rounds` rounds finished and kept no group at all."""
+        o = self.options
+        return o.metric is not None and o.max_empty_rounds > 0 and self.kept == 0 and self.rounds >= o.max_empty_rounds
+
     def record(self, kept: int, filtered: Counter) -> Optional[str]:
         """Count newly finished groups; a round line when they complete a round (`data.train_batch_size` finished
         groups since the last line), with the groups kept since then."""
@@ -152,20 +173,33 @@ class DrawCount:
         return {"training/filter_groups/kept_fraction": self.kept / self.finished if self.finished else 1.0,
                 "training/filter_groups/drawn_prompts": float(self.drawn)}  # fmt: skip
 
-    def exhausted_message(self) -> str:
+    def _shared_values(self) -> str:
+        return ", ".join(f"{self.options.metric} = {v:g} in {c}" for v, c in sorted(self.filtered.items()))
+
+    def no_signal_message(self) -> str:
         o = self.options
-        values = ", ".join(f"{o.metric} = {v:g} in {c}" for v, c in sorted(self.filtered.items()))
+        head = (f"dynamic sampling stopped at training step {self.step}: no signal at all, the first {self.rounds} "
+                f"rounds ({self.finished} finished groups, {self.drawn} prompts drawn) kept no group; in every group "
+                f"every response got the same {o.metric} ({self._shared_values()}). It stops after "
+                f"{o.max_empty_rounds} such rounds instead of drawing up to {BOUND_KEY}={o.max_num_gen_batches} "
+                "generation batches.")  # fmt: skip
+        return self.exhausted_message(head) + (
+            f"\nTo keep drawing up to the bound when no group is kept, set +{NO_SIGNAL_KEY}=0 (or a larger number "
+            f"of rounds; now {o.max_empty_rounds}).")
+
+    def exhausted_message(self, head: Optional[str] = None) -> str:
+        o = self.options
+        values = self._shared_values()
         constant = sum(self.filtered.values())
-        lines = [
+        head = head or (
             f"dynamic sampling stopped at training step {self.step}: it drew {self.drawn} prompts, the most "
             f"{BOUND_KEY}={o.max_num_gen_batches} allows ({o.max_num_gen_batches} generation "
             f"batch{'es' if o.max_num_gen_batches > 1 else ''} of "
             f"max_inflight_gen_batches × data.train_batch_size = {o.max_inflight_gen_batches} × "
             f"{o.train_batch_size} prompts), and only {self.kept} of the {self.need} groups the batch needs had a "
             f"varying {o.metric}: in {constant} of {self.finished} finished groups every response got the same "
-            f"{o.metric} ({values or 'none finished'}).",
-            "Likely causes:",
-        ]
+            f"{o.metric} ({values or 'none finished'}).")
+        lines = [head, "Likely causes:"]
         if not self.filtered or min(self.filtered) <= 0:
             lines += [
                 "- the chat template: the prompts are not rendered as the model expects (a base model without a "
@@ -223,6 +257,8 @@ class _BoundedDraws:
                 line = self.count.record(len(new) - sum(filtered.values()), filtered)
                 if line:
                     print(line, flush=True)
+                    if self.count.no_signal:
+                        raise DynamicSamplingNoSignal(self.count.no_signal_message())
         return uids, counts
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):

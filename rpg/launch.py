@@ -69,6 +69,7 @@ from rpg.preflight.compose import (  # noqa: F401,E402  (public names of rpg.lau
 from rpg.preflight.gpu import check_gpu_launch  # noqa: E402
 from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401,E402
 from rpg.preflight.prompts import prompt_length_problems  # noqa: E402
+from rpg.preflight.resume_ckpt import check as check_resume  # noqa: E402
 from rpg.preflight.recipe_rules import (  # noqa: F401,E402
     OVERLONG_BUFFER_KEYS,
     RECIPE_RULES,
@@ -191,6 +192,7 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         if not dry_run:
             raise RecipeConfigError(problem)
         print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
+    check_resume(config, dry_run=dry_run)  # the checkpoint a resume would read is complete (rpg.preflight.resume_ckpt)
     if dry_run:
         for problem in validated.path_problems:
             print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)

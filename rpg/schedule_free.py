@@ -380,18 +380,10 @@ def _saved_optimizer_is_schedule_free(path: str) -> Optional[bool]:
 
 
 def _resumed_actor_checkpoint(config: Any) -> Optional[str]:
-    """The actor checkpoint folder verl's trainer will resume from (its `_load_checkpoint` rules), or None."""
-    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path, get_checkpoint_tracker_filename
+    """The actor checkpoint folder verl's trainer will resume from (`rpg.preflight.resume_ckpt`), or None."""
+    from rpg.preflight.resume_ckpt import resume_target
 
-    trainer = config.trainer
-    mode = trainer.get("resume_mode", "auto")
-    folder = None
-    if mode == "auto" and trainer.get("default_local_dir"):
-        root = os.path.abspath(str(trainer.default_local_dir))
-        if os.path.exists(get_checkpoint_tracker_filename(root)):  # (find_latest_ckpt_path prints when it is absent)
-            folder = find_latest_ckpt_path(root)
-    elif mode == "resume_path" and isinstance(trainer.get("resume_from_path"), str):
-        folder = os.path.abspath(trainer.resume_from_path)
+    folder = resume_target(config)
     return None if folder is None else os.path.join(folder, "actor")
 
 

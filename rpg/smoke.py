@@ -418,7 +418,12 @@ def report(jsonl_path, full_config, sampler: Optional[GpuMemorySampler] = None, 
 def summarize(jsonl_path, full_config, sampler: Optional[GpuMemorySampler] = None, wall_s=None,
               full_rollout: bool = False) -> str:
     """The smoke report as text: per phase seconds per step and peak memory; the projected full-run wall time."""
-    return report(jsonl_path, full_config, sampler, wall_s, full_rollout).format()
+    from rpg.mismatch import report_lines  # the rollout/trainer mismatch and the memory plan against the peaks
+    from rpg.preflight.memory import smoke_comparison
+
+    paths = jsonl_path if isinstance(jsonl_path, (list, tuple)) else [jsonl_path]
+    rep = report(jsonl_path, full_config, sampler, wall_s, full_rollout)
+    return rep.format() + smoke_comparison(full_config, rep) + report_lines(read_log(*paths))
 
 
 def run_launches(args: list[str], full_config, paths: SmokePaths, rollout: str = "small") -> None:

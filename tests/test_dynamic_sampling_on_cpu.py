@@ -12,7 +12,10 @@ from rpg.dynamic_sampling import (
     BoundedReplayBuffer,
     BoundedReplayBufferAsync,
     DrawCount,
+    NO_SIGNAL_KEY,
+    NO_SIGNAL_ROUNDS,
     DynamicSamplingExhausted,
+    DynamicSamplingNoSignal,
     SamplerOptions,
     check_config,
 )
@@ -109,6 +112,46 @@ def test_the_buffer_stops_when_the_bound_is_spent_and_nothing_is_in_flight():
         buf._wait_for_next_poll("train", 0.0)  # spent, nothing in flight, batch not full
     with pytest.raises(DynamicSamplingExhausted):
         buf.refill_fn(8)
+
+
+def test_rounds_that_keep_no_group_stop_the_step_before_the_bound():
+    count = DrawCount(options(max_num_gen_batches=20))  # bound 240 prompts
+    count.begin(step=1, need=4)
+    for r in range(1, NO_SIGNAL_ROUNDS + 1):
+        assert not count.no_signal
+        assert count.record(kept=0, filtered=Counter({0.0: 4})).startswith(f"[rpg.dynamic_sampling] step 1 round {r}")
+    assert NO_SIGNAL_ROUNDS == 3 and count.no_signal and not count.exhausted
+    msg = count.no_signal_message()
+    for part in ("training step 1: no signal at all, the first 3 rounds (12 finished groups", "(acc = 0 in 12)",
+                 f"{BOUND_KEY}=20", "chat template", "answer format", f"+{NO_SIGNAL_KEY}=0"):  # fmt: skip
+        assert part in msg, (part, msg)
+    kept_once = DrawCount(options(max_num_gen_batches=20))  # one kept group: only the bound stops the step
+    kept_once.begin(step=1, need=4)
+    kept_once.record(kept=1, filtered=Counter({0.0: 3}))
+    for _ in range(10):
+        kept_once.record(kept=0, filtered=Counter({0.0: 4}))
+    assert kept_once.rounds == 11 and not kept_once.no_signal
+    opted_out = DrawCount(SamplerOptions.parse({"filter_groups": FILTER, "train_batch_size": 4, "max_empty_rounds": 0}))
+    opted_out.begin(step=1, need=4)
+    for _ in range(10):
+        opted_out.record(kept=0, filtered=Counter({1.0: 4}))
+    assert not opted_out.no_signal
+
+
+def test_the_buffer_raises_the_no_signal_stop_from_its_round_line(monkeypatch):
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    buf, _ = buffer()
+    buf.count.begin(step=1, need=4)
+    cache = buf._dapo_classification_cache["train"]
+    monkeypatch.setattr(ReplayBuffer, "_dapo_filtered_keys", lambda self, pid: (set(cache), Counter()))
+    for r in range(NO_SIGNAL_ROUNDS):
+        cache.update({f"u{r}-{i}": 0.0 for i in range(4)})  # a round of 4 finished groups, every reward 0
+        if r < NO_SIGNAL_ROUNDS - 1:
+            buf._dapo_filtered_keys("train")
+    with pytest.raises(DynamicSamplingNoSignal, match="no signal at all, the first 3 rounds"):
+        buf._dapo_filtered_keys("train")
+    assert issubclass(DynamicSamplingNoSignal, DynamicSamplingExhausted)  # rpg.launch prints it as a stop, not a crash
 
 
 def test_every_trainer_mode_gets_a_bounded_buffer():

@@ -6,7 +6,9 @@ needs one) a reference model. A training step has two phases whose peaks are est
 
 * **rollout**: vLLM is awake. vLLM 0.24 sizes its pool as ``gpu_memory_utilization × the GPU's TOTAL memory``
   (``requested_memory = total_memory × gpu_memory_utilization`` in its GPU worker; the KV cache is what is left of
-  that after its weights and profiled activations), and refuses to start when less than that is free. verl passes
+  that after its weights and profiled activations), and refuses to start when less than that is free. That total is
+  ``torch.cuda.mem_get_info()``'s, less than NVML's (the budget) by ``cuda_hidden_gib``: 480 MiB on an H100 80GB,
+  615 MiB on an H200 (measured, issue 33); every phase is planned within what CUDA sees. verl passes
   ``actor_rollout_ref.rollout.gpu_memory_utilization`` unchanged (``vllm_async_server.py``). Next to that pool the
   trainer process keeps, during the whole rollout: its CUDA context and NCCL buffers, the actor's parameter shards
   (``model_dtype`` fp32) unless ``fsdp_config.param_offload`` (verl offloads them after the weight sync), and the
@@ -23,14 +25,20 @@ needs one) a reference model. A training step has two phases whose peaks are est
   unsharded FSDP units being computed (the root unit: embeddings, final norm, lm_head; one decoder layer plus a
   prefetched one), and the activations of one micro-batch of ``ppo_max_token_len_per_gpu`` tokens: the layer inputs
   kept by gradient checkpointing, one layer's recomputed activations and their gradients, and the bf16 logits
-  ``tokens × vocab`` (flash-attn's cross-entropy kernel writes their gradient in place). Three moments are taken:
+  ``tokens × vocab`` (flash-attn's cross-entropy kernel writes their gradient in place; without the ``flash_attn``
+  package verl takes torch's log-softmax path, which holds ``TORCH_CE_FP32_COPIES`` more fp32 ``tokens × vocab``
+  tensors at this moment: measured on an H200). Three moments are taken:
   the logits/backward moment, the end of the backward (the root unit's gradient cast to fp32 for the
   reduce-scatter), and the optimizer step (torch's foreach AdamW allocates one more fp32 shard). The log-prob
   forward (old and reference log-probs) is a fourth, smaller moment. The reference model costs no resident GPU
   memory: verl forces CPU offload on forward-only engines (``CPUOffload``/``CPUOffloadPolicy``).
 
-Ignored (each one can move a number by up to about a GiB; the constants below are estimates, not measurements on
-a GPU): allocator fragmentation (covered by ``HEADROOM_GIB``), Ulysses sequence parallelism (activations are taken
+Ignored (each one can move a number by up to about a GiB; the constants below are estimates unless marked measured):
+allocator fragmentation (``HEADROOM_GIB``: verl switches the trainer's allocator to ``expandable_segments:True``
+after each weight sync, verl/workers/engine_workers.py:827, so the update phase runs with it; an H200 probe measured
+1.5–18.7 GiB reserved above the allocated peak without it, 11.3 GiB with it at 55 GiB allocated, and the allocator
+returns cached blocks before it raises an out-of-memory error, so the plan counts allocated bytes), Ulysses
+sequence parallelism (activations are taken
 as if ``ulysses_sequence_parallel_size == 1``), LoRA, activation offload, ``use_remove_padding=False`` padding,
 vision towers, MoE, torch.compile's workspaces, vLLM's CUDA-graph pool beyond ``VLLM_SLEEP_REMAINDER_GIB``,
 processes other than verl's on the GPU, and the critic (RPG and the baselines have none).
@@ -60,6 +68,18 @@ CUDA_CONTEXT_GIB = 0.6  # one CUDA context + cuBLAS/cuDNN workspaces per process
 NCCL_GIB = 0.5  # NCCL communicator buffers of the trainer's process groups
 VLLM_SLEEP_REMAINDER_GIB = 1.0  # what a sleeping vLLM keeps besides its context: CUDA graphs, non-cumem buffers
 HEADROOM_GIB = 2.0  # allocator fragmentation and small buffers: a phase must fit in budget - headroom
+# Measured on one GPU (issue 33; docs/gpu.md#checking-the-plan-on-one-gpu)
+TORCH_CE_FP32_COPIES = 1  # fp32 tokens × vocab tensors torch's cross-entropy path adds at the logits moment (H200)
+CUDA_HIDDEN_MIB = ((81_559, 480), (143_771, 615))  # (NVML total, NVML − mem_get_info total) MiB: H100, H200
+
+
+def cuda_hidden_gib(budget_gib: float) -> float:
+    """NVML's total less the total CUDA reports (vLLM's basis), for a GPU of `budget_gib` (NVML's, GiB): the measured
+    value of the GPU within 2 % of that size, else the largest measured (unverified for other GPUs)."""
+    for total_mib, hidden_mib in CUDA_HIDDEN_MIB:
+        if abs(budget_gib * 1024 / total_mib - 1) <= 0.02:
+            return hidden_mib / 1024
+    return max(h for _, h in CUDA_HIDDEN_MIB) / 1024
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 
@@ -158,6 +178,9 @@ class Settings:
     optimizer: str = "AdamW"
     optimizer_states: int = 2  # fp32 tensors per parameter (AdamW: exp_avg, exp_avg_sq; schedule-free: z, exp_avg_sq)
     foreach_step: bool = True  # torch.optim foreach step: one more fp32 shard while stepping
+    flash_ce: bool = True  # flash-attn's in-place cross-entropy (the flash_attn package); False: torch's path
+    accumulated_grads: bool = True  # gradient shards exist during a backward (every micro-batch after a
+    # mini-batch's first: verl accumulates); False: a lone micro-batch after zero_grad(set_to_none), as the probe
     gradient_checkpointing: bool = True
     fused_kernels: bool = False  # use_fused_kernels: logits never materialised in full
     entropy: bool = False  # entropy computed from the logits (entropy_coeff != 0 or calculate_entropy)
@@ -188,6 +211,12 @@ class MemoryPlan:
     kv_cache_gib: float = 0.0
     sampler_gib: float = 0.0  # vLLM's sampler peak (inside the pool unless counted as a rollout term)
     headroom_gib: float = HEADROOM_GIB
+    cuda_hidden_gib: float = 0.0  # NVML's total less CUDA's (`cuda_hidden_gib`)
+
+    @property
+    def visible_gib(self) -> float:
+        """The GPU's total as CUDA (and vLLM) see it."""
+        return self.budget_gib - self.cuda_hidden_gib
 
     @property
     def rollout_gib(self) -> float:
@@ -217,14 +246,14 @@ class MemoryPlan:
 
     @property
     def limit_gib(self) -> float:
-        return self.budget_gib - self.headroom_gib
+        return self.visible_gib - self.headroom_gib
 
     def max_gpu_memory_utilization(self) -> float:
-        """The largest fraction (a multiple of 0.05) whose rollout and start-up fit in budget - headroom."""
-        pool = self.settings.gpu_memory_utilization * self.budget_gib
+        """The largest fraction (a multiple of 0.05) whose rollout and start-up fit in CUDA's total - headroom."""
+        pool = self.settings.gpu_memory_utilization * self.visible_gib
         others = self.rollout_gib - pool
-        frac = (self.limit_gib - others) / self.budget_gib
-        frac = min(frac, (self.budget_gib - self.startup_trainer_gib) / self.budget_gib)
+        frac = (self.limit_gib - others) / self.visible_gib
+        frac = min(frac, (self.visible_gib - self.startup_trainer_gib) / self.visible_gib)
         return math.floor(frac * 20 + 1e-9) / 20
 
     def problems(self) -> list[str]:
@@ -233,7 +262,7 @@ class MemoryPlan:
         if self.rollout_gib > self.limit_gib:
             frac = self.max_gpu_memory_utilization()
             resident = {k: v for k, v in self.rollout.items() if k in ("actor params", "optimizer states")}
-            others = self.rollout_gib - s.gpu_memory_utilization * self.budget_gib
+            others = self.rollout_gib - s.gpu_memory_utilization * self.visible_gib
             fixes = [f"lower actor_rollout_ref.rollout.gpu_memory_utilization from {s.gpu_memory_utilization:g} to "
                      f"{frac:.2f} or below (vLLM's pool is that fraction of the GPU's total memory)"]
             if "optimizer states" in resident:
@@ -247,8 +276,8 @@ class MemoryPlan:
                              "vLLM's weights per GPU so more of the pool is KV cache")
             out.append(
                 f"GPU memory plan: the rollout phase needs about {self.rollout_gib:.1f} GiB per GPU, over the "
-                f"{self.budget_gib:.1f} GiB budget less {self.headroom_gib:.1f} GiB headroom ({self.limit_gib:.1f} GiB): "
-                f"vLLM {s.gpu_memory_utilization:g} × {self.budget_gib:.1f} GiB = {s.gpu_memory_utilization * self.budget_gib:.1f} GiB "
+                f"{self.visible_gib:.1f} GiB CUDA sees less {self.headroom_gib:.1f} GiB headroom ({self.limit_gib:.1f} GiB): "
+                f"vLLM {s.gpu_memory_utilization:g} × {self.visible_gib:.1f} GiB = {s.gpu_memory_utilization * self.visible_gib:.1f} GiB "
                 f"plus {others:.1f} GiB outside vLLM's pool "
                 f"({', '.join(f'{k} {v:.1f}' for k, v in self.rollout.items() if not k.startswith('vLLM pool') and v)}); "
                 f"the first OOM would come at the KV-cache resume of step 2 (optimizer states exist after step 1). "
@@ -269,12 +298,12 @@ class MemoryPlan:
                          f"parameter, gradient and optimizer shards shrink with it)")
             out.append(
                 f"GPU memory plan: the update phase needs about {self.update_gib:.1f} GiB per GPU, over the "
-                f"{self.budget_gib:.1f} GiB budget less {self.headroom_gib:.1f} GiB headroom ({self.limit_gib:.1f} GiB): "
+                f"{self.visible_gib:.1f} GiB CUDA sees less {self.headroom_gib:.1f} GiB headroom ({self.limit_gib:.1f} GiB): "
                 + ", ".join(f"{k} {v:.1f}" for k, v in self.update.items() if v) + ". To fit: " + "; or ".join(fixes) + ".")
-        if self.startup_free_needed_gib > self.budget_gib - self.startup_trainer_gib:
+        if self.startup_free_needed_gib > self.visible_gib - self.startup_trainer_gib:
             out.append(
                 f"GPU memory plan: vLLM needs {self.startup_free_needed_gib:.1f} GiB free at start-up "
-                f"({s.gpu_memory_utilization:g} × {self.budget_gib:.1f} GiB) but the trainer already holds "
+                f"({s.gpu_memory_utilization:g} × {self.visible_gib:.1f} GiB) but the trainer already holds "
                 f"{self.startup_trainer_gib:.1f} GiB; lower actor_rollout_ref.rollout.gpu_memory_utilization to "
                 f"{self.max_gpu_memory_utilization():.2f} or below.")
         return out
@@ -331,12 +360,13 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
     states = s.optimizer_states * P * 4 / dp / GIB
     trainer_fixed = {"CUDA contexts": CUDA_CONTEXT_GIB, "NCCL": NCCL_GIB}
 
-    # rollout: vLLM awake
-    pool = s.gpu_memory_utilization * budget_gib
+    # rollout: vLLM awake; its pool is a fraction of the total CUDA reports
+    hidden = cuda_hidden_gib(budget_gib)
+    pool = s.gpu_memory_utilization * (budget_gib - hidden)
     vllm_weights = P * 2 / s.rollout_tp / GIB
     sampler_peak, sampler_outside = sampler_gib(m, s)
     rollout = {
-        f"vLLM pool ({s.gpu_memory_utilization:g} × budget)": pool,
+        f"vLLM pool ({s.gpu_memory_utilization:g} × CUDA's total)": pool,
         "vLLM sampler beyond its profile": sampler_outside,
         "vLLM CUDA context": CUDA_CONTEXT_GIB,
         **trainer_fixed,
@@ -360,12 +390,14 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
         acts = m.num_hidden_layers * act_layer + act_layer
     logit_copies = 0.0 if s.fused_kernels else 1.0 + (3.0 if s.entropy else 0.0)
     logits = logit_copies * T * m.vocab_size * s.compute_bytes / GIB
+    torch_ce = 0.0 if s.fused_kernels or s.flash_ce else TORCH_CE_FP32_COPIES * T * m.vocab_size * 4 / GIB
     if s.fused_kernels:
         logits = 2 * T * m.hidden_size * 4 / GIB  # chunked fused linear-CE: a few fp32 hidden-size buffers
     base = {**trainer_fixed, "vLLM asleep": vllm_asleep, "param shards": shard, "grad shards": grads,
             "optimizer states": states}
-    backward = {**base, "unsharded params (bf16)": unsharded, "unsharded grads": root_unsh + layer_unsh,
-                "activations": acts, "logits": logits}
+    backward = {**{k: v for k, v in base.items() if s.accumulated_grads or k != "grad shards"},
+                "unsharded params (bf16)": unsharded, "unsharded grads": root_unsh + layer_unsh,
+                "activations": acts, "logits": logits, "logits fp32 (torch CE, no flash-attn)": torch_ce}
     end_backward = {**base, "unsharded params (bf16)": root_unsh + layer_unsh,
                     "unsharded grads": m.root_params() * (s.compute_bytes + s.reduce_bytes) / GIB}
     step = {**base, "optimizer step temp": shard if s.foreach_step else m.root_params() * 4 / dp / GIB}
@@ -377,7 +409,7 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
     update_moments = {"backward": backward, "end of backward": end_backward, "optimizer step": step, "log-prob": infer}
     name, update = max(update_moments.items(), key=lambda kv: sum(kv[1].values()))
     plan = MemoryPlan(model=model or m.name, budget_gib=budget_gib, settings=s, shape=m, rollout=rollout,
-                      update={"moment: " + name: 0.0, **update})
+                      update={"moment: " + name: 0.0, **update}, cuda_hidden_gib=hidden)
     plan.moments = {"rollout (KV resumed)": sum(rollout.values()), "weight sync": sync,
                     **{k: sum(v.values()) for k, v in update_moments.items()}}
     if sync > plan.rollout_gib:  # the weight-sync moment is part of the rollout phase
@@ -454,8 +486,17 @@ def optimizer_states(name: str) -> tuple[int, bool]:
     return 2, True  # unknown: assume Adam-like
 
 
-def settings_from_config(config: Any) -> Settings:
-    """`Settings` of a composed verl config (an OmegaConf DictConfig from rpg.launch.compose_config)."""
+def flash_ce_available() -> bool:
+    """Whether verl 0.9.1 takes flash-attn's in-place cross-entropy in this environment (verl/utils/torch_functional.py:
+    the `flash_attn` package importable, VERL_DISABLE_FLASH_ATTN_CE unset); else torch's path (more logits copies)."""
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None and os.environ.get("VERL_DISABLE_FLASH_ATTN_CE") != "1"
+
+
+def settings_from_config(config: Any, flash_ce: Optional[bool] = None) -> Settings:
+    """`Settings` of a composed verl config (an OmegaConf DictConfig from rpg.launch.compose_config); `flash_ce`
+    None: `flash_ce_available()` here (the launcher runs in the run's environment)."""
     arr = config.actor_rollout_ref
     actor, rollout, model, data = arr.actor, arr.rollout, arr.model, config.data
     fsdp = actor.get("fsdp_config", {}) or {}
@@ -496,6 +537,7 @@ def settings_from_config(config: Any) -> Settings:
         foreach_step=foreach,
         gradient_checkpointing=bool(model.get("enable_gradient_checkpointing", False)),
         fused_kernels=bool(model.get("use_fused_kernels", False)),
+        flash_ce=flash_ce_available() if flash_ce is None else bool(flash_ce),
         entropy=bool(actor.get("calculate_entropy", False)) or float(actor.get("entropy_coeff", 0) or 0) != 0.0,
         reference=_needs_reference(config),
         weight_bucket_mib=int(bucket),
@@ -528,9 +570,11 @@ def budget_from_env(node: Any = None) -> float:
     return DEFAULT_BUDGET_GIB
 
 
-def memory_plan(config: Any, model_cfg: Optional[dict] = None, budget_gib: Optional[float] = None) -> MemoryPlan:
+def memory_plan(config: Any, model_cfg: Optional[dict] = None, budget_gib: Optional[float] = None,
+                flash_ce: Optional[bool] = None) -> MemoryPlan:
     """The per-GPU plan of a composed verl config. `model_cfg`: a config.json dict (default: read from
-    actor_rollout_ref.model.path, the HF cache or the shipped table); `budget_gib`: default `budget_from_env()`."""
+    actor_rollout_ref.model.path, the HF cache or the shipped table); `budget_gib`: default `budget_from_env()`;
+    `flash_ce`: flash-attn's cross-entropy (default: whether this environment has it, `flash_ce_available`)."""
     model = config.actor_rollout_ref.model
     path = str(model.path)
     shape = ModelShape.from_dict(path, model_cfg) if model_cfg is not None else load_model_shape(
@@ -540,4 +584,32 @@ def memory_plan(config: Any, model_cfg: Optional[dict] = None, budget_gib: Optio
         raise ValueError(f"GPU memory plan: actor_rollout_ref.actor.strategy={strategy!r} is not estimated; "
                          f"it covers fsdp and fsdp2")
     budget = budget_from_env() if budget_gib is None else float(budget_gib)
-    return estimate(shape, settings_from_config(config), budget, model=path)
+    return estimate(shape, settings_from_config(config, flash_ce), budget, model=path)
+
+
+def smoke_comparison(config: Any, report: Any) -> str:
+    """A smoke run's measured peaks (`rpg.smoke.SmokeReport`: `update_gib`, `gpu_peaks`, `device`) against the plan,
+    as benchmarks/gpu_memory_probe.py compares them: the actor workers' torch allocation peak against the update
+    phase less what lies outside their allocator (CUDA contexts, NCCL, the sleeping vLLM), NVML's peak used on a GPU
+    against the rollout phase, on the budget of the smallest GPU measured; OK unless a measurement exceeds the plan
+    by more than 0.5 GiB. "" when nothing was measured (CPU) or the plan cannot be made."""
+    if report.device == "cpu" or not (report.update_gib or report.gpu_peaks):
+        return ""
+    budget = min((t for _, t in report.gpu_peaks.values()), default=DEFAULT_BUDGET_GIB * GIB) / GIB
+    try:
+        plan = memory_plan(config, budget_gib=budget)
+    except ValueError:
+        return ""
+    outside = sum(plan.update.get(k, 0.0) for k in ("CUDA contexts", "NCCL", "vLLM asleep"))
+    used = max((u for u, _ in report.gpu_peaks.values()), default=None)
+    alloc = report.update_gib[0] if report.update_gib else None
+    pairs = [("update, torch allocated", alloc, plan.update_gib - outside),
+             ("rollout, GPU used (NVML)", used / GIB if used else None, plan.rollout_gib)]
+    parts, low = [], []
+    for label, measured, planned in pairs:
+        if measured is not None:
+            parts.append(f"{label} {measured:.1f} GiB vs planned {planned:.1f}")
+            low += [label] if measured > planned + 0.5 else []
+    verdict = "OK" if not low else (f"PLAN TOO LOW for {', '.join(low)}: report it "
+                                    "(docs/gpu.md#checking-the-plan-on-one-gpu)")
+    return f"[rpg smoke] memory vs plan (budget {budget:.1f} GiB): {'; '.join(parts)}; verdict {verdict}\n"

@@ -165,6 +165,30 @@ def test_dry_run_reports_and_real_launch_refuses(base, data, monkeypatch, capsys
     assert "a real launch would refuse" in err and "/nonexistent/train.parquet" in err
 
 
+def test_an_incomplete_checkpoint_is_refused_before_the_trainer_starts(base, data, tmp_path, monkeypatch):
+    """The launcher's resume hook (rpg/preflight/resume_ckpt.py; its rules: tests/preflight/test_resume_ckpt_on_cpu.py):
+    resume_mode=auto over a latest checkpoint that lacks one rank's extra state is refused before verl's run_ppo."""
+    import rpg.launch
+    import verl.trainer.main_ppo as main_ppo
+
+    monkeypatch.setattr(main_ppo, "run_ppo", lambda *a, **k: pytest.fail("the trainer was started"))
+    monkeypatch.setattr(rpg.launch, "check_gpu_launch", lambda *a, **k: None)  # no GPU on this machine
+    monkeypatch.setattr(rpg.launch, "disk_problem", lambda *a, **k: None)
+    monkeypatch.delenv("RPG_DRY_RUN", raising=False)
+    ckpts, ranks = tmp_path / "ckpts", base.trainer.n_gpus_per_node * base.trainer.nnodes
+    for step in (1, 2):
+        for rel in ["data.pt"] + [f"actor/{kind}_world_size_{ranks}_rank_{r}.pt" for r in range(ranks)
+                                  for kind in ("model", "optim", "extra_state")]:  # fmt: skip
+            (ckpts / f"global_step_{step}" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (ckpts / f"global_step_{step}" / rel).write_bytes(b"x")
+    (ckpts / "latest_checkpointed_iteration.txt").write_text("2")
+    (ckpts / f"global_step_2/actor/extra_state_world_size_{ranks}_rank_{ranks - 1}.pt").unlink()
+    cfg = cfg_with(base, **data, **{"trainer.resume_mode": "auto", "trainer.default_local_dir": str(ckpts)})
+    with pytest.raises(RecipeConfigError, match=rf"lacks actor/extra_state_world_size_{ranks}_rank_{ranks - 1}\.pt.*"
+                                                rf"trainer\.resume_from_path={ckpts}/global_step_1"):  # fmt: skip
+        rpg.launch.run(cfg)
+
+
 def test_validate_returns_the_path_problems(base, data):
     cfg = cfg_with(base, **(data | {"data.train_files": ["/nonexistent/train.parquet"]}))
     assert any("/nonexistent/train.parquet" in p for p in validate(cfg).path_problems)

@@ -9,6 +9,8 @@ import pytest
 from cpu_trainer import run_cpu_recipe, training_steps
 from vllm_runs import GAP, PROBE, SIZES, SMALL_VAL, check_rpg_step, gaps, val_steps
 
+from rpg.mismatch import report_lines
+
 pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 
@@ -36,6 +38,9 @@ def test_urkl_iterative_syncs_every_step(urkl):
     assert progress == [0, 1, 2], f"one console line per step (0 = validation before training): {progress}"
     assert val_steps(records) == [0, 2]
     assert (tmp / "ckpts" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    mismatch = report_lines(train)  # the smoke report's mismatch line from verl's metrics (rpg/mismatch.py)
+    print(mismatch)
+    assert "rollout/trainer mismatch: |Δ probability| mean" in mismatch and "verdict: OK" in mismatch, mismatch
 
 
 def test_resume_reaches_vllm_and_a_missing_sync_shows(urkl):

@@ -1,0 +1,164 @@
+"""A resume that cannot fail late: the checkpoint a launch would resume from is checked for completeness before Ray.
+
+verl 0.9.1's `_load_checkpoint` (trainer/ppo/v1/trainer_base.py) resumes `trainer.resume_mode=auto` from the folder
+named by `<trainer.default_local_dir>/latest_checkpointed_iteration.txt` and `resume_path` from
+`trainer.resume_from_path`. A file missing there (a kill mid-save, a full disk, a node-local disk) is found only when
+the workers load it: on CPU 56 s after the launch, on a GPU node minutes after model load and vLLM start (issue 33:
+`FileNotFoundError: …/global_step_2/actor/extra_state_world_size_1_rank_0.pt`). This module lists what a resume
+reads, for the run's world size (`trainer.n_gpus_per_node × trainer.nnodes`: verl's global pool, where the actor's
+ranks live) and modes:
+
+* per actor rank r of W, from verl's `FSDPCheckpointManager` (utils/checkpoint/fsdp_checkpoint_manager.py) as
+  `actor.checkpoint.load_contents` selects them: `actor/model_world_size_W_rank_r.pt` (`model`),
+  `actor/optim_world_size_W_rank_r.pt` (`optimizer`), `actor/extra_state_world_size_W_rank_r.pt` (`extra`: the LR
+  scheduler and RNG states);
+* the critic's three files per rank under `critic/` when the run has one (verl's `need_critic`: GAE, or
+  `critic.enable`);
+* `data.pt`, the data loader's state (verl only warns without it and restarts the data order from the beginning);
+* `transfer_queue/`, the in-flight prompts, in the asynchronous trainer modes (`trainer.v1.trainer_mode`);
+* this project's (rpg/reference/periodic.py): `actor/rpg_reference/state.json` for `reference=periodic|ema`, and
+  its `ref_model/` weights (torch.distributed.checkpoint's `.metadata`) when that state says they were saved;
+  `actor/rpg_kl_control.json` (β's state) for `kl_control=adaptive`.
+
+`problem(config)` names what is missing and the override that resumes from the newest complete checkpoint of the
+folder (or `trainer.resume_mode=disable`), None when the resume is complete or there is nothing to resume. A launch
+with `RAY_ADDRESS` whose checkpoint folder is not visible here is not checked (the TaskRunner reads it elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+TRACKER = "latest_checkpointed_iteration.txt"  # verl: checkpoint_manager.get_checkpoint_tracker_filename
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+ACTOR = "actor"
+RANK_FILES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}  # load_contents entry -> file prefix
+REFERENCE_STATE = "actor/rpg_reference/state.json"  # rpg.reference.periodic STATE_DIR/STATE_FILE
+REFERENCE_WEIGHTS = "actor/rpg_reference/ref_model/.metadata"  # torch.distributed.checkpoint's index file
+KL_CONTROL = "actor/rpg_kl_control.json"  # rpg.reference.periodic KL_CONTROL_FILE
+SHOWN = 4  # missing files named in full; the rest counted
+
+
+def world_size(config: Any) -> int:
+    return int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+
+
+def _policy_loss(config: Any) -> Any:
+    return config.actor_rollout_ref.actor.get("policy_loss", None) or {}
+
+
+def expected(config: Any, step_dir: Path) -> list[tuple[str, str]]:
+    """(path relative to `step_dir`, what it holds) for every piece a resume of `config` reads."""
+    w = world_size(config)
+    ckpt = config.actor_rollout_ref.actor.get("checkpoint", None) or {}
+    contents = list(ckpt.get("load_contents", None) or ckpt.get("save_contents", None) or RANK_FILES)
+    pieces = [(f"{ACTOR}/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"actor {c} state of rank {r}")
+              for c in RANK_FILES if c in contents for r in range(w)]  # fmt: skip
+    if _needs_critic(config):  # verl's need_critic; the critic shares the actor's pool and file names
+        critic = (config.get("critic", None) or {}).get("checkpoint", None) or {}
+        kinds = list(critic.get("load_contents", None) or critic.get("save_contents", None) or RANK_FILES)
+        pieces += [(f"critic/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"critic {c} state of rank {r}")
+                   for c in RANK_FILES if c in kinds for r in range(w)]  # fmt: skip
+    pieces.append(("data.pt", "the data loader's state"))
+    if str(config.trainer.get("v1", {}).get("trainer_mode", "sync") or "sync") != "sync":
+        pieces.append(("transfer_queue", "the asynchronous trainer's in-flight prompts"))
+    loss = _policy_loss(config)
+    reference = str(loss.get("reference", "iterative") or "iterative")
+    if reference in ("periodic", "ema"):
+        pieces.append((REFERENCE_STATE, f"the {reference} reference's state"))
+        if _saved_reference_weights(step_dir / REFERENCE_STATE):
+            pieces.append((REFERENCE_WEIGHTS, f"the {reference} reference's weights"))
+    if str(loss.get("kl_control", "fixed") or "fixed") == "adaptive":
+        pieces.append((KL_CONTROL, "the adaptive β controller's state"))
+    return pieces
+
+
+def _needs_critic(config: Any) -> bool:
+    enable = (config.get("critic", None) or {}).get("enable", None)
+    return bool(enable) if enable is not None else str(config.algorithm.get("adv_estimator", "")) == "gae"
+
+
+def _saved_reference_weights(state: Path) -> bool:
+    try:
+        return bool(json.loads(state.read_text()).get("has_ref_weights", False))
+    except (OSError, ValueError, AttributeError):
+        return False  # absent or unreadable: the state file itself is reported (rpg.reference refuses a corrupt one)
+
+
+def missing(config: Any, step_dir: Path) -> list[tuple[str, str]]:
+    return [(rel, what) for rel, what in expected(config, step_dir) if not (step_dir / rel).exists()]
+
+
+def resume_target(config: Any) -> Optional[Path]:
+    """The folder verl would resume from (its `_load_checkpoint` rules), None when it would start from scratch."""
+    mode = str(config.trainer.get("resume_mode", "auto"))  # verl's default
+    if mode == "resume_path":
+        path = config.trainer.get("resume_from_path", None)
+        return Path(os.path.abspath(path)) if isinstance(path, str) else None  # relative: to the working directory
+    if mode != "auto" or not config.trainer.get("default_local_dir", None):
+        return None
+    folder = Path(os.path.abspath(str(config.trainer.default_local_dir)))
+    try:
+        step = int((folder / TRACKER).read_text().strip())
+    except (OSError, ValueError):
+        return None  # no tracker (or an unreadable one): verl trains from scratch
+    target = folder / f"global_step_{step}"
+    return target if target.is_dir() else None
+
+
+def complete_checkpoints(config: Any, folder: Path) -> list[Path]:
+    """The complete global_step_N folders of `folder`, newest first."""
+    steps = sorted(((int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))),
+                   reverse=True)  # fmt: skip
+    return [p for _, p in steps if not missing(config, p)]
+
+
+def _saved_world_sizes(actor: Path) -> list[int]:
+    found = {int(m.group(1)) for f in (actor.iterdir() if actor.is_dir() else ())
+             if (m := re.match(r"^(?:model|optim|extra_state)_world_size_(\d+)_rank_\d+\.pt$", f.name))}  # fmt: skip
+    return sorted(found)
+
+
+def problem(config: Any) -> Optional[str]:
+    """Why the checkpoint this launch would resume from cannot be resumed (what is missing, and the override that
+    resumes from the newest complete one), or None."""
+    target = resume_target(config)
+    if target is None or not target.is_dir():  # nothing to resume, or a path rpg.preflight.inputs reports
+        return None
+    gone = missing(config, target)
+    if not gone:
+        return None
+    w = world_size(config)
+    names = ", ".join(f"{rel} ({what})" for rel, what in gone[:SHOWN])
+    more = f" and {len(gone) - SHOWN} more" if len(gone) > SHOWN else ""
+    lines = [f"the checkpoint this launch would resume from (trainer.resume_mode={config.trainer.resume_mode}) is "
+             f"incomplete: {target} lacks {names}{more}. verl would find this only after Ray, the workers and the "
+             "model had started (a kill mid-save, a full disk or a node-local disk leaves such a folder)."]  # fmt: skip
+    saved = _saved_world_sizes(target / ACTOR)
+    if saved and w not in saved:
+        lines.append(f"Its actor shards were saved by {' or '.join(map(str, saved))} ranks and this run has {w} "
+                     "(trainer.n_gpus_per_node × trainer.nnodes): resume with the cluster shape it was saved with.")
+    earlier = [p for p in complete_checkpoints(config, target.parent) if p != target]
+    if earlier:
+        lines.append(f"Resume from the newest complete checkpoint instead: add trainer.resume_mode=resume_path "
+                     f"trainer.resume_from_path={earlier[0]} (the incomplete folder is left as it is).")
+    else:
+        lines.append(f"No complete checkpoint is in {target.parent}: start the run over with "
+                     "trainer.resume_mode=disable (or another CKPTS_DIR).")
+    return " ".join(lines)
+
+
+def check(config: Any, dry_run: bool) -> None:
+    """The launcher's hook (before Ray): refuse an incomplete resume; a dry run prints what a launch would refuse."""
+    from rpg.preflight.compose import RecipeConfigError
+
+    if (why := problem(config)) is None:
+        return
+    if not dry_run:
+        raise RecipeConfigError(why)
+    print(f"[rpg] dry run: a real launch would refuse: {why}", file=sys.stderr)
