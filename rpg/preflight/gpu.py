@@ -9,8 +9,8 @@
   `rollout.name=vllm`; for verl's default `attn_implementation=flash_attention_2` one of its two routes
   (`attention_route`, docs/gpu.md#install): the flash-attn package with its compiled extension loading, or, without
   it, the `kernels` package with which transformers (5.x, modeling_utils' FLASH_ATTN_KERNEL_FALLBACK) loads the Hub's
-  prebuilt `kernels-community/flash-attn2`, loading here; an NVIDIA driver that answers and supports the CUDA version torch was built for (torch 2.11.0
-  from PyPI: CUDA 13.0, driver >= 580); at least `trainer.n_gpus_per_node` GPUs. A real launch refuses a missing one;
+  prebuilt `kernels-community/flash-attn2`, loading here; an NVIDIA driver that answers and supports the CUDA version
+  torch was built for (torch 2.11.0 from PyPI: CUDA 13.0, driver >= 580); at least `trainer.n_gpus_per_node` GPUs. A real launch refuses a missing one;
   a dry run prints them as warnings. Each message names its fix.
 
 The driver, the GPUs' memory and flash-attn's extension are asked in a child process (`rpg.preflight.gpu_probe`):

@@ -9,8 +9,8 @@ a `NodeProbe`; a child that crashes, hangs or prints garbage becomes `NodeProbe.
 exception in the launcher.
 
 * **nvml**: the driver version, the highest CUDA version the driver supports (`nvmlSystemGetCudaDriverVersion`, e.g.
-  12020 for 12.2), the GPUs' total memory. From `pynvml` (the nvidia-ml-py package, which vLLM brings through flashinfer-python); without it,
-  `nvidia-smi`. NVML creates no CUDA context.
+  12020 for 12.2), the GPUs' total memory. From `pynvml` (the nvidia-ml-py package, which vLLM 0.24.0 brings through
+  flashinfer-python's requirements); without it, `nvidia-smi`. NVML creates no CUDA context.
 * **flash_attn**: `import torch` then `import flash_attn_2_cuda`, the compiled extension flash-attn 2.x loads on first
   use. `find_spec("flash_attn")` only finds the Python package; an extension built against another torch or CUDA
   fails here with the loader's message (`undefined symbol: ...`), as it would inside every worker.
@@ -61,8 +61,9 @@ class NodeProbe:
 
 def probe(what: Sequence[str] = ("nvml",), python: str = sys.executable, timeout: float = PROBE_TIMEOUT_S,
           env: Optional[dict] = None) -> NodeProbe:  # fmt: skip
-    """Run this file in a child `python` asking `what` (nvml, flash_attn, kernels=REPO, cuda, vllm); never raises. Without pynvml and
-    nvidia-smi there is nothing NVML could answer, so an NVML-only question starts no child (CPU machines)."""
+    """Run this file in a child `python` asking `what` (nvml, flash_attn, kernels=REPO, cuda, vllm); never raises.
+    Without pynvml and nvidia-smi there is nothing NVML could answer, so an NVML-only question starts no child (CPU
+    machines)."""
     import importlib.util
     import shutil
 

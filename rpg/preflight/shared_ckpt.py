@@ -108,8 +108,10 @@ def run_nodes(nodes: Optional[Sequence[dict]] = None) -> list[str]:
         import ray
 
         nodes = ray.nodes()
-    usable = ("CPU", "GPU")
-    return sorted(n["NodeID"] for n in nodes if n.get("Alive") and any(n.get("Resources", {}).get(r, 0) > 0 for r in usable))
+    def usable(node: dict) -> bool:
+        return node.get("Alive") and any(node.get("Resources", {}).get(r, 0) > 0 for r in ("CPU", "GPU"))
+
+    return sorted(n["NodeID"] for n in nodes if usable(n))
 
 
 def _on(node: str, fn: Callable, *args: Any) -> Any:
