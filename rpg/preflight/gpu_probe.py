@@ -37,6 +37,7 @@ from typing import Optional, Sequence
 
 FLASH_ATTN_EXTENSION = "flash_attn_2_cuda"
 PROBE_TIMEOUT_S = 120.0  # importing torch and flash-attn on a cold filesystem can take a while
+KERNEL_TIMEOUT_S = 600.0  # the Hub kernel's first download (its own child: a slow one is the kernel's problem)
 NO_NVML = "no pynvml (pip install nvidia-ml-py) and no nvidia-smi on PATH"
 
 
@@ -64,9 +65,15 @@ def probe(what: Sequence[str] = ("nvml",), python: str = sys.executable, timeout
     """Run this file in a child `python` asking `what` (nvml, flash_attn, kernels=REPO, cuda, vllm); never raises.
     Without pynvml and nvidia-smi there is nothing NVML could answer, so an NVML-only question starts no child (CPU
     machines)."""
+    import dataclasses
     import importlib.util
     import shutil
 
+    kernels = [q for q in what if q.startswith("kernels=")]
+    if kernels and len(kernels) < len(what):  # the Hub kernel in a child of its own, with a download's timeout
+        node = probe([q for q in what if q not in kernels], python, timeout, env)
+        kernel = probe(kernels, python, max(timeout, KERNEL_TIMEOUT_S), env)
+        return dataclasses.replace(node, kernels_error=kernel.kernels_error or kernel.crashed or None)
     nothing_to_ask = importlib.util.find_spec("pynvml") is None and shutil.which("nvidia-smi") is None
     if list(what) == ["nvml"] and python == sys.executable and env is None and nothing_to_ask:
         return NodeProbe(nvml_error=NO_NVML)

@@ -112,6 +112,8 @@ def test_the_no_compiler_route_is_accepted_when_its_hub_kernel_loads(tmp_path, c
     (tmp_path / "kernels.py").write_text(
         "import os\n"
         "def get_kernel(repo):\n"
+        "    if os.environ.get('ABORT'):\n"
+        "        os.abort()\n"
         "    if os.environ.get('HF_HUB_OFFLINE'):\n"
         "        raise FileNotFoundError(f'{repo}: not in the Hugging Face cache and HF_HUB_OFFLINE=1')\n"
         "    class K: flash_attn_varlen_func = staticmethod(lambda *a: None)\n"
@@ -127,6 +129,8 @@ def test_the_no_compiler_route_is_accepted_when_its_hub_kernel_loads(tmp_path, c
     assert "loads the Hub kernel kernels-community/flash-attn2 through the `kernels` package" in problem
     assert "not in the Hugging Face cache and HF_HUB_OFFLINE=1" in problem and "Hub access once" in problem
     assert gpu.FLASH_ATTN_INSTALL in problem and "attn_implementation=sdpa" in problem
+    crashed = gpu_probe.probe(question, env={**_fakes(tmp_path), "ABORT": "1"})  # its own child: the driver is fine
+    assert crashed.gpu_count == 8 and "died (signal 6)" in crashed.kernels_error
     old = _with_transformers(tmp_path, fallback=False)  # a transformers without the fallback: no route
     assert gpu.attention_route(old) == ""
     (problem,) = gpu.runtime_problems(config, find_spec=old, node=node, torch_cuda="13.0")
