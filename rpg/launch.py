@@ -182,8 +182,8 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     print(chat_template_summary(config), file=sys.stderr)
     if warning := async_correction_warning(config):  # asynchronous without TIS weights: docs/async.md#no-correction
         print(warning, file=sys.stderr)
-    # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
     check_wandb(config, dry_run=dry_run)  # wandb's credentials or offline mode, not at wandb.init minutes in
+    # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
     check_gpu_launch(config, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))
     if smoke_run is not None:
         print(f"[rpg] smoke run (SMOKE=1), launch {1 if smoke_run.phase == 'save' else 2} of 2: "
