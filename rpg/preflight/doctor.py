@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+from omegaconf import OmegaConf
+
 from rpg.preflight import gpu, gpu_probe, wandb_check
 from rpg.preflight.gpu_probe import NodeProbe
 
@@ -98,14 +100,8 @@ def attention_line(node: NodeProbe, find_spec=None, version: Callable[[str], Opt
                 f"for verl's Triton cross-entropy, compile flash-attn: {gpu.FLASH_ATTN_INSTALL}")  # fmt: skip
 
 
-class _Config(dict):
-    """The smallest config `gpu.attention_problems` reads: the model's attn_implementation (verl's default)."""
-
-    def __getattr__(self, name):
-        return self[name]
-
-
-_FLASH_ATTENTION_2 = _Config(actor_rollout_ref=_Config(model=_Config(override_config={})))
+# the smallest config `gpu.attention_problems` reads: the model's attn_implementation left at verl's default
+_FLASH_ATTENTION_2 = OmegaConf.create({"actor_rollout_ref": {"model": {"override_config": {}}}})
 
 
 def node_lines(node: NodeProbe, torch_cuda: Optional[str]) -> list[Line]:
