@@ -80,6 +80,7 @@ from rpg.preflight.recipe_rules import (  # noqa: F401,E402
 )
 from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_registered, is_rpg_loss, validate_rpg  # noqa: F401,E402
 from rpg.preflight.summary import launch_refusals, summary_lines  # noqa: E402
+from rpg.preflight.wandb_check import check_wandb  # noqa: E402
 from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # noqa: F401,E402
 
 DRY_RUN_ENV = "RPG_DRY_RUN"
@@ -182,6 +183,7 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     print(chat_template_summary(config), file=sys.stderr)
     if warning := async_correction_warning(config):  # asynchronous without TIS weights: docs/async.md#no-correction
         print(warning, file=sys.stderr)
+    check_wandb(config, dry_run=dry_run)  # wandb's credentials or offline mode, not at wandb.init minutes in
     # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
     check_gpu_launch(config, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))
     if smoke_run is not None:

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,3 +141,15 @@ def test_readme_paper_numbers_are_the_recipe_tables():
     recipes = _score_rows((ROOT / "recipe/rpg/README.md").read_text(encoding="utf-8"))
     assert len(ours) == 6 and len(recipes) == 6 + 8 + 6 + 12, (len(ours), len(recipes))
     assert {s: recipes[s] for s in ours} == ours
+
+
+def test_model_downloads_are_written_hf_download():
+    """`huggingface-cli download` no longer works under huggingface_hub 1.33 ("deprecated and no longer works"): the
+    docs and the memory plan's message (rpg/preflight/memory.py) write the same `hf download <model>`."""
+    from rpg.preflight.memory import load_model_shape
+
+    with pytest.raises(ValueError, match=re.escape("(hf download nobody/no-such-model config.json)")):
+        load_model_shape("nobody/no-such-model")
+    assert "`hf download Qwen/Qwen2.5-Math-7B`" in (ROOT / "docs/gpu.md").read_text(encoding="utf-8")
+    for path in [*DOCS, *sorted((ROOT / "rpg").rglob("*.py"))]:
+        assert "huggingface-cli download" not in path.read_text(encoding="utf-8"), path

@@ -6,9 +6,11 @@
   is an error, in a dry run and at launch, naming the phase, the numbers and the settings that would fit;
   (`RPG_MEMORY_PLAN=warn`, the opt-out of a user who measured, turns that error into a warning);
 * what a local launch (no RAY_ADDRESS) needs on this node before Ray starts (`runtime_problems`): vLLM for
-  `rollout.name=vllm`; flash-attn for verl's default `attn_implementation=flash_attention_2`, with its compiled
-  extension loading; an NVIDIA driver that answers and supports the CUDA version torch was built for (torch 2.11.0
-  from PyPI: CUDA 13.0, driver >= 580); at least `trainer.n_gpus_per_node` GPUs. A real launch refuses a missing one;
+  `rollout.name=vllm`; for verl's default `attn_implementation=flash_attention_2` one of its two routes
+  (`attention_route`, docs/gpu.md#install): the flash-attn package with its compiled extension loading, or, without
+  it, the `kernels` package with which transformers (5.x, modeling_utils' FLASH_ATTN_KERNEL_FALLBACK) loads the Hub's
+  prebuilt `kernels-community/flash-attn2`, loading here; an NVIDIA driver that answers and supports the CUDA version
+  torch was built for (torch 2.11.0 from PyPI: CUDA 13.0, driver >= 580); at least `trainer.n_gpus_per_node` GPUs. A real launch refuses a missing one;
   a dry run prints them as warnings. Each message names its fix.
 
 The driver, the GPUs' memory and flash-attn's extension are asked in a child process (`rpg.preflight.gpu_probe`):
@@ -32,8 +34,25 @@ from omegaconf import DictConfig
 from rpg.preflight.compose import RecipeConfigError
 from rpg.preflight.gpu_probe import FLASH_ATTN_EXTENSION, NodeProbe, probe, torch_cuda_version
 
-FLASH_ATTN_INSTALL = ('pip install wheel ninja packaging && MAX_JOBS=8 FLASH_ATTN_CUDA_ARCHS="80;90" '
-                      "pip install --no-build-isolation --no-cache-dir flash-attn==2.8.3")
+# flash_attention_2's two install routes (docs/gpu.md#install). Each is written once, here: README.md's GPU quick start
+# and docs/gpu.md show the same text, and the launcher's messages name it (tests/preflight/test_gpu_probe_on_cpu.py).
+# The no-compiler route: the `kernels` package (in requirements-gpu.txt), with which transformers loads the Hub's build.
+KERNELS_INSTALL = "pip install kernels==0.17.2"
+KERNEL_REPO = "kernels-community/flash-attn2"  # transformers' FLASH_ATTN_KERNEL_FALLBACK["flash_attention_2"]
+# The compile route, with everything it needs (Ubuntu 22.04/24.04, x86_64, run in the GPU virtualenv): a CUDA 13.0
+# nvcc (torch's pip CUDA runtime has none; torch's extension builder refuses a 12.x one), CUDA_HOME, g++, the Python
+# headers of the venv's Python, and ~9 GB of RAM per compile job (MAX_JOBS=8: ~70 GB; lower it on a smaller node).
+FLASH_ATTN_COMPILE = (
+    "wget https://developer.download.nvidia.com/compute/cuda/repos/$(. /etc/os-release; echo ubuntu${VERSION_ID/./})"
+    "/x86_64/cuda-keyring_1.1-1_all.deb && sudo dpkg -i cuda-keyring_1.1-1_all.deb && sudo apt-get update\n"
+    'sudo apt-get install -y cuda-toolkit-13-0 g++ "python$(python -c \'import sys; print(\"%d.%d\" % '
+    "sys.version_info[:2])')-dev\"\n"
+    "export CUDA_HOME=/usr/local/cuda-13.0 PATH=/usr/local/cuda-13.0/bin:$PATH\n"
+    "pip install wheel ninja packaging\n"
+    'MAX_JOBS=8 FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS="80;90" '
+    "pip install --no-build-isolation --no-cache-dir flash-attn==2.8.3"
+)
+FLASH_ATTN_INSTALL = " && ".join(FLASH_ATTN_COMPILE.splitlines())  # the same commands as one line, for a message
 # the oldest Linux driver for each CUDA major version torch is built for (within a major version, CUDA's minor-version
 # compatibility lets a newer toolkit's build run on the major's first driver)
 MIN_DRIVER = {13: "580", 12: "525"}
@@ -88,9 +107,45 @@ def check_memory_plan(config: DictConfig, budget_gib: Optional[float] = None, ou
 
 
 def _probe_node(config: DictConfig, find_spec) -> NodeProbe:
-    """NVML (driver, GPUs) and, when verl will load flash-attn, its compiled extension: in one child process."""
-    what = ["nvml"] + (["flash_attn"] if _wants_flash_attn(config) and find_spec("flash_attn") is not None else [])
-    return probe(what)
+    """NVML (driver, GPUs) and, when verl will use flash_attention_2, its route's kernel (flash-attn's compiled
+    extension, or the Hub kernel through `kernels`): in one child process."""
+    return probe(["nvml"] + (attention_questions(find_spec) if _wants_flash_attn(config) else []))
+
+
+def attention_route(find_spec=None) -> str:
+    """How `flash_attention_2` would load in this environment: "flash_attn" (the package: transformers and verl use
+    it first), "kernels" (no flash-attn, but the `kernels` package and a transformers that falls back to the Hub's
+    `kernels-community/flash-attn2` for it, modeling_utils.py `_check_and_adjust_attn_implementation`), or "" (neither:
+    transformers refuses flash_attention_2)."""
+    find_spec = find_spec or importlib.util.find_spec
+    if find_spec("flash_attn") is not None:
+        return "flash_attn"
+    if find_spec("kernels") is not None and transformers_kernel_fallback(find_spec) == KERNEL_REPO:
+        return "kernels"
+    return ""
+
+
+def transformers_kernel_fallback(find_spec=None) -> Optional[str]:
+    """The Hub kernel transformers substitutes for flash_attention_2 without flash-attn (its
+    `FLASH_ATTN_KERNEL_FALLBACK`, transformers >= 5), read from its source unimported; None for a transformers without
+    the fallback (or none installed)."""
+    spec = (find_spec or importlib.util.find_spec)("transformers")
+    for folder in list(getattr(spec, "submodule_search_locations", None) or []):
+        path = os.path.join(folder, "modeling_flash_attention_utils.py")
+        try:
+            text = open(path, encoding="utf-8").read()
+        except OSError:
+            continue
+        marker = '"flash_attention_2": "'
+        if "FLASH_ATTN_KERNEL_FALLBACK" in text and marker in text:
+            return text.split(marker, 1)[1].split('"', 1)[0]
+    return None
+
+
+def attention_questions(find_spec=None) -> list[str]:
+    """The probe's questions for flash_attention_2's route: its extension, or its Hub kernel."""
+    route = attention_route(find_spec)
+    return ["flash_attn"] if route == "flash_attn" else [f"kernels={KERNEL_REPO}"] if route == "kernels" else []
 
 
 def _wants_flash_attn(config: DictConfig) -> bool:
@@ -118,18 +173,8 @@ def runtime_problems(
             f"requirements in this environment (pip install -r requirements-gpu.txt, docs/gpu.md#install), or set "
             f"PYTHON to the interpreter that has them"
         )
-    attn = "actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2 (verl's default)"
-    if _wants_flash_attn(config) and find_spec("flash_attn") is None:
-        problems.append(f"{attn} needs flash-attn, which {python} cannot import. Fix: {FLASH_ATTN_INSTALL} "
-                        f"(docs/gpu.md#install)")  # fmt: skip
-    elif _wants_flash_attn(config) and node.flash_attn_error:
-        problems.append(
-            f"{attn}: flash-attn is installed but its compiled extension {FLASH_ATTN_EXTENSION} does not load "
-            f"({node.flash_attn_error}); every worker would fail the same way when it loads the model. It was built "
-            f"against another torch or CUDA than this environment's (torch's CUDA: {torch_cuda}). Fix: rebuild it "
-            f"here: pip uninstall -y flash-attn && {FLASH_ATTN_INSTALL} (docs/gpu.md#install)"
-        )
-    problems += _driver_problems(node, torch_cuda, python)
+    problems += attention_problems(config, find_spec, node, torch_cuda, python)
+    problems += driver_problems(node, torch_cuda, python)
     need, have = int(config.trainer.n_gpus_per_node), node.gpu_count
     if have is not None and have < need:  # unknown (no driver): the driver's problem above says it
         fix = f"N_GPUS={have}" if have else "run on a GPU node"
@@ -138,7 +183,41 @@ def runtime_problems(
     return problems
 
 
-def _driver_problems(node: NodeProbe, torch_cuda: Optional[str], python: str) -> list[str]:
+def attention_problems(config: DictConfig, find_spec, node: NodeProbe, torch_cuda: Optional[str],
+                       python: str = sys.executable) -> list[str]:  # fmt: skip
+    """flash_attention_2 (verl's default) without a route, or with a route whose kernel does not load here."""
+    if not _wants_flash_attn(config):
+        return []
+    attn = "actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2 (verl's default)"
+    sdpa = "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+    route = attention_route(find_spec)
+    problems = []
+    if not route:
+        problems.append(
+            f"{attn} needs flash-attn or, without a compiler, the `kernels` package (transformers then loads the "
+            f"Hub's prebuilt {KERNEL_REPO}); {python} has neither. Fix: {KERNELS_INSTALL} (in requirements-gpu.txt), "
+            f"or compile flash-attn: {FLASH_ATTN_INSTALL}, or run with {sdpa} (docs/gpu.md#install)"
+        )
+    elif route == "kernels" and node.kernels_error:
+        problems.append(
+            f"{attn}: flash-attn is not installed, so transformers loads the Hub kernel {KERNEL_REPO} through the "
+            f"`kernels` package in every worker, and it does not load on this node ({node.kernels_error}). Fix: give "
+            f"this node Hugging Face Hub access once (the kernel is then in the HF cache; HF_HUB_OFFLINE=1 afterwards "
+            f"reads it there), or set HF_HOME to a cache that holds it (docs/gpu.md#install), or install flash-attn: "
+            f"{FLASH_ATTN_INSTALL}, or run with {sdpa}"
+        )
+    elif route == "flash_attn" and node.flash_attn_error:
+        problems.append(
+            f"{attn}: flash-attn is installed but its compiled extension {FLASH_ATTN_EXTENSION} does not load "
+            f"({node.flash_attn_error}); every worker would fail the same way when it loads the model. It was built "
+            f"against another torch or CUDA than this environment's (torch's CUDA: {torch_cuda}). Fix: rebuild it "
+            f"here: pip uninstall -y flash-attn && {FLASH_ATTN_INSTALL}, or uninstall it and use the Hub kernel "
+            f"({KERNELS_INSTALL}; docs/gpu.md#install)"
+        )
+    return problems
+
+
+def driver_problems(node: NodeProbe, torch_cuda: Optional[str], python: str) -> list[str]:
     if node.crashed:
         return [f"{node.crashed}. A driver that crashes the process asking it would crash every worker. Fix: check "
                 f"the driver with nvidia-smi (reload it or reboot the node)"]  # fmt: skip

@@ -9,11 +9,19 @@ a `NodeProbe`; a child that crashes, hangs or prints garbage becomes `NodeProbe.
 exception in the launcher.
 
 * **nvml**: the driver version, the highest CUDA version the driver supports (`nvmlSystemGetCudaDriverVersion`, e.g.
-  12020 for 12.2), the GPUs' total memory. From `pynvml` (the nvidia-ml-py package, a vLLM dependency); without it,
-  `nvidia-smi`. NVML creates no CUDA context.
+  12020 for 12.2), the GPUs' total memory. From `pynvml` (the nvidia-ml-py package, which vLLM 0.24.0 brings through
+  flashinfer-python's requirements); without it, `nvidia-smi`. NVML creates no CUDA context.
 * **flash_attn**: `import torch` then `import flash_attn_2_cuda`, the compiled extension flash-attn 2.x loads on first
   use. `find_spec("flash_attn")` only finds the Python package; an extension built against another torch or CUDA
   fails here with the loader's message (`undefined symbol: ...`), as it would inside every worker.
+* **kernels=REPO** (the no-compiler route, docs/gpu.md#install): `import torch`, then the `kernels` package's
+  `get_kernel(REPO)`, what transformers does in every worker for `flash_attention_2` when flash-attn is not installed
+  (the Hub's prebuilt `kernels-community/flash-attn2`): a node without Hub access and without the kernel in its
+  Hugging Face cache fails here, before Ray starts, not when the workers load the model.
+* **cuda** (for `rpg-doctor`): torch's compiled pieces (CUDA, cuDNN, NCCL versions) and each GPU's total memory as
+  `torch.cuda.mem_get_info()` reports it, which is what vLLM sizes its pool from (a few hundred MiB under NVML's).
+  This one creates a CUDA context: the doctor asks it, the launcher never does.
+* **vllm** (for `rpg-doctor`): `import torch` then `import vllm._C`, vLLM's compiled ops.
 
 torch's own CUDA version is read from `torch/version.py` without importing torch (`torch_cuda_version`).
 """
@@ -29,6 +37,7 @@ from typing import Optional, Sequence
 
 FLASH_ATTN_EXTENSION = "flash_attn_2_cuda"
 PROBE_TIMEOUT_S = 120.0  # importing torch and flash-attn on a cold filesystem can take a while
+KERNEL_TIMEOUT_S = 600.0  # the Hub kernel's first download (its own child: a slow one is the kernel's problem)
 NO_NVML = "no pynvml (pip install nvidia-ml-py) and no nvidia-smi on PATH"
 
 
@@ -41,6 +50,9 @@ class NodeProbe:
     gpu_total_bytes: list[int] = field(default_factory=list)
     nvml_error: str = ""  # why NVML (and nvidia-smi) gave nothing: no driver, no GPU, ...
     flash_attn_error: Optional[str] = None  # None: loaded, or not asked
+    kernels_error: Optional[str] = None  # None: the Hub kernel loaded, or not asked
+    cuda: dict = field(default_factory=dict)  # the `cuda` question's answers (doctor only)
+    vllm_error: Optional[str] = None  # None: vllm._C loaded, or not asked
     crashed: str = ""  # the child died, hung or printed no JSON: what happened
 
     @property
@@ -50,11 +62,18 @@ class NodeProbe:
 
 def probe(what: Sequence[str] = ("nvml",), python: str = sys.executable, timeout: float = PROBE_TIMEOUT_S,
           env: Optional[dict] = None) -> NodeProbe:  # fmt: skip
-    """Run this file in a child `python` asking `what` (nvml, flash_attn); never raises. Without pynvml and
-    nvidia-smi there is nothing NVML could answer, so an NVML-only question starts no child (CPU machines)."""
+    """Run this file in a child `python` asking `what` (nvml, flash_attn, kernels=REPO, cuda, vllm); never raises.
+    Without pynvml and nvidia-smi there is nothing NVML could answer, so an NVML-only question starts no child (CPU
+    machines)."""
+    import dataclasses
     import importlib.util
     import shutil
 
+    kernels = [q for q in what if q.startswith("kernels=")]
+    if kernels and len(kernels) < len(what):  # the Hub kernel in a child of its own, with a download's timeout
+        node = probe([q for q in what if q not in kernels], python, timeout, env)
+        kernel = probe(kernels, python, max(timeout, KERNEL_TIMEOUT_S), env)
+        return dataclasses.replace(node, kernels_error=kernel.kernels_error or kernel.crashed or None)
     nothing_to_ask = importlib.util.find_spec("pynvml") is None and shutil.which("nvidia-smi") is None
     if list(what) == ["nvml"] and python == sys.executable and env is None and nothing_to_ask:
         return NodeProbe(nvml_error=NO_NVML)
@@ -79,6 +98,9 @@ def probe(what: Sequence[str] = ("nvml",), python: str = sys.executable, timeout
         gpu_total_bytes=[int(b) for b in data.get("gpu_total_bytes", [])],
         nvml_error=str(data.get("nvml_error", "")),
         flash_attn_error=data.get("flash_attn_error"),
+        kernels_error=data.get("kernels_error"),
+        cuda=dict(data.get("cuda") or {}),
+        vllm_error=data.get("vllm_error"),
     )
 
 
@@ -152,12 +174,60 @@ def _flash_attn() -> dict:
     return {"flash_attn_error": None}
 
 
+def _kernels(repo: str) -> dict:
+    try:
+        import torch  # noqa: F401
+
+        from kernels import get_kernel
+
+        kernel = get_kernel(repo)
+        if getattr(kernel, "flash_attn_varlen_func", None) is None:
+            raise ImportError(f"{repo} has no flash_attn_varlen_func (transformers' padding-free path needs it)")
+    except Exception as e:  # noqa: BLE001 - no Hub access and no cache, no build for this torch/CUDA, ...
+        return {"kernels_error": f"{type(e).__name__}: {str(e)[:400]}"}
+    return {"kernels_error": None}
+
+
+def _cuda() -> dict:
+    try:
+        import torch
+
+        info: dict = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": None, "nccl": None}
+        if torch.backends.cudnn.is_available():
+            info["cudnn"] = torch.backends.cudnn.version()
+        if torch.version.cuda and torch.cuda.is_available():
+            info["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+            info["total_bytes"] = [int(torch.cuda.mem_get_info(i)[1]) for i in range(torch.cuda.device_count())]
+        else:
+            info["total_bytes"] = []
+    except Exception as e:  # noqa: BLE001 - a CUDA error while creating the context, ...
+        return {"cuda": {"error": f"{type(e).__name__}: {str(e)[:300]}"}}
+    return {"cuda": info}
+
+
+def _vllm() -> dict:
+    try:
+        import torch  # noqa: F401
+
+        import vllm._C  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return {"vllm_error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return {"vllm_error": None}
+
+
 def _main(argv: Sequence[str]) -> None:
     out: dict = {}
     if "nvml" in argv:
         out.update(_nvml())
     if "flash_attn" in argv:
         out.update(_flash_attn())
+    for arg in argv:
+        if arg.startswith("kernels="):
+            out.update(_kernels(arg.split("=", 1)[1]))
+    if "cuda" in argv:
+        out.update(_cuda())
+    if "vllm" in argv:
+        out.update(_vllm())
     sys.stdout.write("\n" + json.dumps(out) + "\n")
 
 

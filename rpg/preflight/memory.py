@@ -450,7 +450,7 @@ def load_model_shape(path: str, hf_config_path: Optional[str] = None) -> ModelSh
     raise ValueError(
         f"GPU memory plan: actor_rollout_ref.model.path={path!r} has no config.json on disk or in the Hugging Face "
         f"cache, and is not one of the shipped recipe models ({', '.join(sorted(table))}); download the model first "
-        f"(huggingface-cli download {src} config.json) or pass its local directory.")
+        f"(hf download {src} config.json) or pass its local directory.")
 
 
 def _text_config(cfg: dict) -> dict:

@@ -13,8 +13,9 @@ launch, naming the nodes, what each saw, the reason and the fix.
 Where it runs: in the Ray driver, right after verl's `run_ppo` has connected to (or started) Ray and before it starts
 the TaskRunner (`CheckedTaskRunner` wraps the TaskRunner class `run_ppo` is given: its `.remote()` runs the check
 first). So it sees the same cluster, runtime environment and working directory as verl's workers, for a local launch
-and for a Ray job alike, and costs one round of tiny tasks. The nodes checked are the alive nodes with a GPU (a GPU
-run) or with a CPU (a CPU run): the ones verl's workers can be placed on.
+and for a Ray job alike, and costs one round of tiny tasks. The nodes checked are every alive node with a CPU or a
+GPU, for a GPU run too: the workers go to GPU nodes, but the TaskRunner (`num_cpus=1`, no GPU) that writes the step
+tracker may be placed on a CPU-only head node.
 
 `shared_dir_problem` is the logic (the nodes, a writer and a reader given as functions: tested with a fake); `check`
 is the Ray side.
@@ -100,12 +101,17 @@ def _remove_sentinel(path: str, name: str) -> None:
         pass
 
 
-def run_nodes(device: str) -> list[str]:
-    """The alive Ray nodes verl's workers can be placed on: with a GPU for a GPU run, with a CPU otherwise."""
-    import ray
+def run_nodes(nodes: Optional[Sequence[dict]] = None) -> list[str]:
+    """The alive Ray nodes (default `ray.nodes()`) that can hold a part of the run: a worker (a GPU or, on the CPU
+    profile, a CPU) or the TaskRunner (a CPU), so every node with a CPU or a GPU, a CPU-only head included."""
+    if nodes is None:
+        import ray
 
-    resource = "CPU" if device == "cpu" else "GPU"
-    return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(resource, 0) > 0)
+        nodes = ray.nodes()
+    def usable(node: dict) -> bool:
+        return node.get("Alive") and any(node.get("Resources", {}).get(r, 0) > 0 for r in ("CPU", "GPU"))
+
+    return sorted(n["NodeID"] for n in nodes if usable(n))
 
 
 def _on(node: str, fn: Callable, *args: Any) -> Any:
@@ -127,7 +133,7 @@ def check(config: Any, nodes: Optional[Sequence[str]] = None) -> Optional[str]:
         except RayTaskError as e:  # the task's own exception (FileNotFoundError, PermissionError, ...)
             raise e.as_instanceof_cause() from None
 
-    nodes = list(nodes) if nodes is not None else run_nodes(str(config.trainer.get("device", "cuda")))
+    nodes = list(nodes) if nodes is not None else run_nodes()
     path = str(config.trainer.default_local_dir)
     return shared_dir_problem(
         path, nodes,

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from rpg.loss_table import loss_spec
 from rpg.preflight.gpu import is_gpu_run, runtime_problems
 from rpg.preflight.prompts import unchecked_reason
+from rpg.preflight.wandb_check import wandb_problem
 
 HEADER = "# ---- rpg dry run: summary ----"
 
@@ -97,4 +98,4 @@ def launch_refusals(config: DictConfig, path_problems: Sequence[str], local: boo
     problems = list(path_problems)
     if is_gpu_run(config) and local:
         problems += runtime_problems(config)
-    return problems
+    return problems + [p for p in [wandb_problem(config)] if p]

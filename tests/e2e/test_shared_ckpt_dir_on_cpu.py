@@ -35,7 +35,7 @@ def where():
     return ray.get_runtime_context().get_node_id()
 
 cfg = OmegaConf.create({"trainer": {"nnodes": 2, "device": "cpu", "default_local_dir": sys.argv[2], "save_freq": 20}})
-nodes = S.run_nodes("cpu")
+nodes = S.run_nodes()
 print(json.dumps({"nodes": nodes, "ran_on": [S._on(n, where) for n in nodes], "needs": S.needs_check(cfg),
                   "problem": S.check(cfg), "left": sorted(os.listdir(sys.argv[2]))}))
 """

@@ -78,15 +78,83 @@ def test_a_flash_attn_extension_that_does_not_load(tmp_path, config):
     print(problem)
     assert "flash-attn is installed but its compiled extension flash_attn_2_cuda does not load" in problem
     assert "undefined symbol: _ZN3c104cuda9SetDeviceEi" in problem
-    assert "pip uninstall -y flash-attn && pip install wheel ninja packaging" in problem
+    assert "pip uninstall -y flash-attn && " + gpu.FLASH_ATTN_INSTALL in problem
+    assert gpu.KERNELS_INSTALL in problem  # or the Hub kernel instead
     assert 'FLASH_ATTN_CUDA_ARCHS="80;90"' in problem and "--no-build-isolation" in problem
     sdpa = OmegaConf.merge(config, {"actor_rollout_ref": {"model": {"override_config": {"attn_implementation": "sdpa"}}}})
     assert _problems(sdpa, node) == []  # flash-attn is not loaded then
 
 
-def test_flash_attn_missing_names_the_install_line(config):
+def test_flash_attn_missing_names_the_three_routes(config):
     (problem,) = _problems(config, NodeProbe(driver_cuda=(13, 0), gpu_total_bytes=[H100] * 8), missing={"flash_attn"})
-    assert "needs flash-attn, which" in problem and gpu.FLASH_ATTN_INSTALL in problem
+    assert "needs flash-attn or, without a compiler, the `kernels` package" in problem
+    assert gpu.KERNELS_INSTALL in problem and gpu.FLASH_ATTN_INSTALL in problem
+    assert "attn_implementation=sdpa" in problem
+
+
+def _with_transformers(tmp_path, missing=("flash_attn",), fallback=True):
+    """A find_spec whose transformers (a folder in tmp_path) has, or lacks, the Hub fallback for flash_attention_2."""
+    from types import SimpleNamespace
+
+    folder = tmp_path / "transformers"
+    folder.mkdir(exist_ok=True)
+    mapping = 'FLASH_ATTN_KERNEL_FALLBACK = {\n    "flash_attention_2": "kernels-community/flash-attn2",\n}\n'
+    (folder / "modeling_flash_attention_utils.py").write_text(mapping if fallback else "")
+    transformers = SimpleNamespace(submodule_search_locations=[str(folder)])
+    return lambda name: None if name in missing else transformers if name == "transformers" else object()
+
+
+def test_the_no_compiler_route_is_accepted_when_its_hub_kernel_loads(tmp_path, config):
+    """No flash-attn, but `kernels` and a transformers that falls back to kernels-community/flash-attn2: the child
+    loads the Hub kernel as every worker would (a fake `kernels` module here); loaded, nothing is refused."""
+    spec = _with_transformers(tmp_path)
+    assert gpu.attention_route(spec) == "kernels" and gpu.attention_questions(spec) == [f"kernels={gpu.KERNEL_REPO}"]
+    (tmp_path / "kernels.py").write_text(
+        "import os\n"
+        "def get_kernel(repo):\n"
+        "    if os.environ.get('ABORT'):\n"
+        "        os.abort()\n"
+        "    if os.environ.get('HF_HUB_OFFLINE'):\n"
+        "        raise FileNotFoundError(f'{repo}: not in the Hugging Face cache and HF_HUB_OFFLINE=1')\n"
+        "    class K: flash_attn_varlen_func = staticmethod(lambda *a: None)\n"
+        "    return K\n"
+    )
+    question = ["nvml", f"kernels={gpu.KERNEL_REPO}"]
+    node = gpu_probe.probe(question, env=_fakes(tmp_path))
+    assert node.kernels_error is None
+    assert gpu.runtime_problems(config, find_spec=spec, node=node, torch_cuda="13.0") == []
+    offline = gpu_probe.probe(question, env={**_fakes(tmp_path), "HF_HUB_OFFLINE": "1"})
+    (problem,) = gpu.runtime_problems(config, find_spec=spec, node=offline, torch_cuda="13.0")
+    print(problem)
+    assert "loads the Hub kernel kernels-community/flash-attn2 through the `kernels` package" in problem
+    assert "not in the Hugging Face cache and HF_HUB_OFFLINE=1" in problem and "Hub access once" in problem
+    assert gpu.FLASH_ATTN_INSTALL in problem and "attn_implementation=sdpa" in problem
+    crashed = gpu_probe.probe(question, env={**_fakes(tmp_path), "ABORT": "1"})  # its own child: the driver is fine
+    assert crashed.gpu_count == 8 and "died (signal 6)" in crashed.kernels_error
+    old = _with_transformers(tmp_path, fallback=False)  # a transformers without the fallback: no route
+    assert gpu.attention_route(old) == ""
+    (problem,) = gpu.runtime_problems(config, find_spec=old, node=node, torch_cuda="13.0")
+    assert "needs flash-attn or, without a compiler" in problem
+
+
+def test_the_installed_transformers_falls_back_to_the_hub_kernel():
+    """The fact the no-compiler route stands on, read from this environment's transformers (5.x)."""
+    assert gpu.transformers_kernel_fallback() == gpu.KERNEL_REPO
+
+
+def test_one_install_text_in_the_readme_the_docs_and_the_messages():
+    """Each route's commands are written once (rpg/preflight/gpu.py): the compile route is shown as it is in
+    docs/gpu.md#compile, which README.md's install step names; the messages carry the same commands on one line; the
+    no-compiler route's `kernels` pin is requirements-gpu.txt's, which the README installs."""
+    root = Path(__file__).resolve().parents[2]
+    docs, readme = ((root / doc).read_text(encoding="utf-8") for doc in ("docs/gpu.md", "README.md"))
+    assert gpu.FLASH_ATTN_COMPILE in docs, "docs/gpu.md does not show rpg/preflight/gpu.py's FLASH_ATTN_COMPILE"
+    assert '<a id="compile"></a>' in docs and "docs/gpu.md#compile" in readme
+    assert gpu.KERNELS_INSTALL.split()[-1] in (root / "requirements-gpu.txt").read_text().splitlines()
+    assert "pip install -r requirements-gpu.txt" in readme and "flash-attn==" not in readme  # no compiler there
+    assert gpu.FLASH_ATTN_INSTALL == " && ".join(gpu.FLASH_ATTN_COMPILE.splitlines())
+    for needed in ("cuda-toolkit-13-0", "CUDA_HOME=", "g++", "-dev", "MAX_JOBS="):
+        assert needed in gpu.FLASH_ATTN_COMPILE
 
 
 def test_a_driver_that_crashes_the_probe_is_a_message(tmp_path, config):

@@ -100,3 +100,14 @@ def test_the_task_runner_starts_only_after_the_check(monkeypatch, method):
     monkeypatch.setattr(S, "check", lambda cfg: None)
     getattr(S.CheckedTaskRunner(Runner, config), method)()
     assert started == [method]
+
+
+def test_every_node_that_can_hold_a_part_of_the_run_is_checked():
+    """A CPU-only head holds the TaskRunner (it writes the step tracker): a GPU run checks it too; a dead node or one
+    with neither resource is skipped."""
+    nodes = [{"NodeID": "gpu-b", "Alive": True, "Resources": {"CPU": 64.0, "GPU": 8.0}},
+             {"NodeID": "head-cpu", "Alive": True, "Resources": {"CPU": 8.0}},
+             {"NodeID": "gpu-a", "Alive": True, "Resources": {"CPU": 64.0, "GPU": 8.0}},
+             {"NodeID": "dead", "Alive": False, "Resources": {"CPU": 8.0}},
+             {"NodeID": "nothing", "Alive": True, "Resources": {"memory": 1.0}}]  # fmt: skip
+    assert S.run_nodes(nodes) == ["gpu-a", "gpu-b", "head-cpu"]
