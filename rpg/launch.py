@@ -50,7 +50,7 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from rpg.preflight import early  # standard library only: `--help`, a missing verl and misspelt names, before verl
+from rpg.preflight import early, keys  # standard library only: `--help`, a missing verl, misspelt names and keys
 
 if __name__ == "__main__" and (_problem := early.verl_problem()):  # say what to do, not ModuleNotFoundError
     raise SystemExit(f"[rpg] error: {_problem}")
@@ -279,7 +279,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return list_losses(args[1:])
     if args[:1] == ["--help-config"]:  # Hydra's own help: the config groups and the full default config
         args = ["--help", *args[1:]]
-    elif problems := early.check_overrides(args):  # before verl is imported: a misspelt name fails in a second
+    elif problems := early.check_overrides(args) + keys.key_problems(args):  # before verl: a misspelt name, any key
         raise SystemExit("[rpg] error: " + "\n[rpg] error: ".join(problems))
     quiet_engine_warnings()
     import hydra
