@@ -50,7 +50,7 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from rpg.preflight import early, keys  # standard library only: `--help`, a missing verl, misspelt names and keys
+from rpg.preflight import early, keys, refusal  # standard library only: `--help`, a missing verl, misspelt names and keys
 
 if __name__ == "__main__" and (_problem := early.verl_problem()):  # say what to do, not ModuleNotFoundError
     raise SystemExit(f"[rpg] error: {_problem}")
@@ -305,7 +305,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     sys.argv = [sys.argv[0], *normalise_overrides(args)]
 
     def task(config: DictConfig) -> None:
-        run(config, smoke_run)
+        with refusal.as_message():  # the project's refusals: one paragraph, exit 1 (rpg.preflight.refusal)
+            run(config, smoke_run)
 
     hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base=None)(task)()
 
