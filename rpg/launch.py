@@ -83,7 +83,8 @@ from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # no
 
 DRY_RUN_ENV = "RPG_DRY_RUN"
 SMOKE_DIR_ENV = "RPG_SMOKE_DIR"
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+SUMMARY_ONLY = "summary"  # RPG_DRY_RUN=summary: a dry run that prints only the summary (no YAML)
+_TRUE, _FALSE = ("1", "true", "yes", "on", SUMMARY_ONLY), ("", "0", "false", "no", "off")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -126,7 +127,8 @@ def dry_run_requested(environ=None) -> bool:
     environ = os.environ if environ is None else environ  # read now: `datasets` (num_proc) replaces os.environ
     value = environ.get(DRY_RUN_ENV, "").strip().lower()
     if value not in _TRUE + _FALSE:
-        raise RecipeConfigError(f"{DRY_RUN_ENV}={environ[DRY_RUN_ENV]!r} is not valid; use 1 (dry run) or 0")
+        raise RecipeConfigError(f"{DRY_RUN_ENV}={environ[DRY_RUN_ENV]!r} is not valid; use 1 (dry run), "
+                                f"{SUMMARY_ONLY} (a dry run printing only its summary) or 0")
     return value in _TRUE
 
 
@@ -169,6 +171,19 @@ def smoke_setup(args: Sequence[str], dry_run: bool) -> tuple[list[str], Optional
     return overrides, SmokeRun(full, paths, phase, rollout)
 
 
+def smoke_dry_run_save(args: Sequence[str], smoke_run: SmokeRun) -> None:
+    """A smoke dry run's launch 1 of 2 (save), dry-run in this process before Hydra runs launch 2 (resume); nothing
+    when RPG_SMOKE_PHASE names the one launch to show."""
+    from rpg import smoke
+
+    if os.environ.get(smoke.PHASE_ENV):
+        return
+    save = dataclasses.replace(smoke_run, phase=smoke.SAVE)
+    with refusal.as_message():
+        overrides = smoke.smoke_overrides(smoke_run.full, smoke_run.paths, smoke.SAVE, smoke_run.rollout)
+        run(compose_config([*args, *overrides]), save)
+
+
 def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     """Validate, then dry-run (print YAML) or train with verl's `run_ppo`, as `verl.trainer.main_ppo.main` does; a
     smoke run then prints its report (`rpg.smoke.summarize`)."""
@@ -187,16 +202,18 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         print(f"[rpg] smoke run (SMOKE=1), launch {1 if smoke_run.phase == 'save' else 2} of 2: "
               f"{config.trainer.total_training_steps} steps of {config.data.train_batch_size} prompts, metrics to "
               f"{smoke_run.log}, checkpoints in {config.trainer.default_local_dir}", file=sys.stderr)  # fmt: skip
-    if problem := disk_problem(config):  # the checkpoints this launch will save fit on their disk
+    if disk := disk_problem(config):  # the checkpoints this launch will save fit on their disk
         if not dry_run:
-            raise RecipeConfigError(problem)
-        print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
+            raise RecipeConfigError(disk)
     if dry_run:
-        for problem in validated.path_problems:
+        for problem in [*validated.path_problems, *([disk] if disk else [])]:
             print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
-        sys.stdout.write(OmegaConf.to_yaml(config, resolve=True))
+        if os.environ.get(DRY_RUN_ENV, "").strip().lower() != SUMMARY_ONLY:
+            sys.stdout.write(OmegaConf.to_yaml(config, resolve=True))
         refusals = launch_refusals(config, validated.path_problems, local=not os.environ.get("RAY_ADDRESS"))
-        smoke_line = f"{config.trainer.total_training_steps} steps, metrics to {smoke_run.log}" if smoke_run else None
+        refusals += [disk] if disk else []  # every refusal of a real launch is in the summary
+        smoke_line = (f"launch {1 if smoke_run.phase == 'save' else 2} of 2, {config.trainer.total_training_steps} "
+                      f"steps, metrics to {smoke_run.log}") if smoke_run else None  # fmt: skip
         print("\n".join(summary_lines(config, refusals, smoke_line)))  # the last lines: what a person reads
         sys.stdout.flush()
         return
@@ -299,6 +316,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         except (RecipeConfigError, ValueError, RuntimeError) as e:
             raise SystemExit(f"[rpg] error: {e}") from None
         return
+    if dry_run and smoke_run is not None:  # a smoke dry run shows both launches: launch 1 here, launch 2 below
+        smoke_dry_run_save(args, smoke_run)
     args += smoke_overrides  # after the recipe's: they win
     if dry_run:  # no run directory, no log file: a dry run leaves nothing behind
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled"]

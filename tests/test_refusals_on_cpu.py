@@ -34,3 +34,18 @@ def test_an_unexpected_error_keeps_its_traceback(monkeypatch):
     with pytest.raises(KeyError, match="surprise"):
         with refusal.as_message():
             raise KeyError("surprise")
+
+
+def test_a_summary_only_dry_run_prints_the_summary_with_every_refusal(monkeypatch, capsys):
+    """RPG_DRY_RUN=summary: no YAML, the summary alone on stdout, the free-disk refusal in its list (docs/launcher.md)."""
+    from rpg import launch
+    from rpg.preflight.summary import HEADER
+
+    cfg = launch.compose_config(["setup=qwen3_4b_4k", "method=rpg_reinforce", "recipe.divergence=urkl",
+                                 "recipe.beta=1e-4", "trainer.n_gpus_per_node=8"])  # fmt: skip
+    monkeypatch.setenv(launch.DRY_RUN_ENV, launch.SUMMARY_ONLY)
+    monkeypatch.setattr(launch, "disk_problem", lambda config: "the checkpoint folder has 1.0 GB free (DISK)")
+    launch.run(cfg)
+    out = capsys.readouterr().out
+    assert out.startswith(HEADER) and "actor_rollout_ref:" not in out, out[:300]
+    assert "#   - the checkpoint folder has 1.0 GB free (DISK)" in out.splitlines()
