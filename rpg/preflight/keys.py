@@ -100,7 +100,7 @@ def key_problems(overrides: Sequence[str], index: Optional[dict] = None) -> list
     """The problems of the overrides' keys, group choices and choice values (empty: none), each one paragraph."""
     index = index or load_index()
     keys, choices = index["keys"], index["choices"]
-    key_set = set(keys)
+    key_set = set(keys)  # grows with the keys earlier `+key` overrides add (a later plain override may set them)
     groups = config_groups()
     problems = []
     for override in overrides:
@@ -123,6 +123,9 @@ def key_problems(overrides: Sequence[str], index: Optional[dict] = None) -> list
             problems.append(_bad_choice(key, value, choices[key]))
         elif key in key_set:
             continue
+        elif plus and _dataclass_parent(key, index) is None:
+            key_set.add(key)
+            continue
         elif (bad := _dataclass_parent(key, index)) is not None:
             node, cls, names = bad
             child = key[len(node) + 1 :].split(".")[0]
@@ -132,8 +135,9 @@ def key_problems(overrides: Sequence[str], index: Optional[dict] = None) -> list
                             f"({'verl would refuse the added key when it builds the class' if plus else PLUS_NOTE})")  # fmt: skip
         elif not plus:
             near = _suggest(key, keys)
-            problems.append(f"{key}={value}: no such key in the composed config; did you mean "
-                            f"{' or '.join(near)}? ({PLUS_NOTE}; every key: python -m rpg.launch --help-config)")  # fmt: skip
+            hint = f"did you mean {' or '.join(near)}?" if near else "no key is close."
+            problems.append(f"{key}={value}: no such key in the composed config; {hint} ({PLUS_NOTE}; every key: "
+                            f"python -m rpg.launch --help-config)")  # fmt: skip
     return problems
 
 
