@@ -187,6 +187,7 @@ def smoke_dry_run_save(args: Sequence[str], smoke_run: SmokeRun) -> None:
 def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     """Validate, then dry-run (print YAML) or train with verl's `run_ppo`, as `verl.trainer.main_ppo.main` does; a
     smoke run then prints its report (`rpg.smoke.summarize`)."""
+    from rpg import addon_bases
     from verl.utils.device import auto_set_device
 
     finish(config)  # the recipe variables and every oc.env resolved here, before Ray (rpg.preflight.compose)
@@ -195,6 +196,8 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     validated = validate(config, real_launch=not dry_run)
     print(chat_template_summary(config), file=sys.stderr)
     if warning := async_correction_warning(config):  # asynchronous without TIS weights: docs/async.md#no-correction
+        print(warning, file=sys.stderr)
+    if warning := addon_bases.config_warning(config):  # the add-on's clip of the other kind: losses.md#addon-bases
         print(warning, file=sys.stderr)
     # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
     check_gpu_launch(config, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))
