@@ -108,6 +108,10 @@ def key_problems(overrides: Sequence[str], index: Optional[dict] = None) -> list
         if parsed is None:
             continue
         plus, key, value = parsed
+        if "${" in value:  # resolved later: the full checks see it
+            choices_here = False
+        else:
+            choices_here = key in choices
         if key in groups:
             if value not in groups[key] and value != "null":
                 near = _closest(value, groups[key], cutoff=0.4)
@@ -116,10 +120,10 @@ def key_problems(overrides: Sequence[str], index: Optional[dict] = None) -> list
                                 f"{hint}valid: {', '.join(groups[key])}")  # fmt: skip
             continue
         if key.startswith(POLICY_LOSS_PREFIX) and key[len(POLICY_LOSS_PREFIX) :] not in ("loss_mode",):
-            if key in choices and value not in choices[key]:  # unknown option names are rpg.preflight.early's
+            if choices_here and value not in choices[key]:  # unknown option names are rpg.preflight.early's
                 problems.append(_bad_choice(key, value, choices[key]))
             continue
-        if key in choices and value not in choices[key]:
+        if choices_here and value not in choices[key]:
             problems.append(_bad_choice(key, value, choices[key]))
         elif key in key_set:
             continue
