@@ -66,5 +66,5 @@ def rule_kl_aggregation(config, settings) -> Optional[str]:
     from rpg.loss_table import ADDON
 
     actor = config.actor_rollout_ref.actor
-    return aggregation_problem(settings.loss_mode, settings.spec.family == ADDON,
-                               str(actor.get("loss_agg_mode", "token-mean")), actor.get("loss_scale_factor", None))  # fmt: skip
+    mode, scale = str(actor.get("loss_agg_mode", "token-mean")), actor.get("loss_scale_factor", None)
+    return aggregation_problem(settings.loss_mode, settings.spec.family == ADDON, mode, scale)

@@ -50,7 +50,7 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from rpg.preflight import early, keys, refusal  # standard library only: `--help`, a missing verl, misspelt names and keys
+from rpg.preflight import early, keys, refusal  # stdlib only: `--help`, no verl, misspelt names and keys
 
 if __name__ == "__main__" and (_problem := early.verl_problem()):  # say what to do, not ModuleNotFoundError
     raise SystemExit(f"[rpg] error: {_problem}")
@@ -197,7 +197,7 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     print(chat_template_summary(config), file=sys.stderr)
     if warning := async_correction_warning(config):  # asynchronous without TIS weights: docs/async.md#no-correction
         print(warning, file=sys.stderr)
-    if warning := addon_bases.config_warning(config):  # the add-on's clip of the other kind: losses.md#addon-bases
+    if warning := addon_bases.config_warning(config):  # the add-on base's clip (docs/losses.md#addon-bases)
         print(warning, file=sys.stderr)
     # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
     check_gpu_launch(config, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))

@@ -134,9 +134,9 @@ def key_problems(overrides: Sequence[str], index: Optional[dict] = None) -> list
             node, cls, names = bad
             child = key[len(node) + 1 :].split(".")[0]
             near = _closest(child, names, cutoff=0.5) or _closest(child, names, cutoff=0.0)
+            note = "verl would refuse the added key when it builds the class" if plus else PLUS_NOTE
             problems.append(f"{'+' if plus else ''}{key}={value}: {cls} (the config class of {node}) has no field "
-                            f"{child!r}; did you mean {' or '.join(f'{node}.{n}' for n in near)}? "
-                            f"({'verl would refuse the added key when it builds the class' if plus else PLUS_NOTE})")  # fmt: skip
+                            f"{child!r}; did you mean {' or '.join(f'{node}.{n}' for n in near)}? ({note})")  # fmt: skip
         elif not plus:
             near = _suggest(key, keys)
             hint = f"did you mean {' or '.join(near)}?" if near else "no key is close."
