@@ -3,7 +3,7 @@
 Per micro-batch, with verl 0.9.1's `PolicyLossFn` signature,
 
     L = base(old_log_prob, log_prob, A, mask, loss_agg_mode, config, rollout_is_weights)   (verl's registered loss)
-      + agg_loss(β·K·v, mask, loss_agg_mode, **global_batch_info)
+      + agg_loss(β·K·v, mask, addon_kl_agg_mode(loss_agg_mode), **global_batch_info)
 
 where the base is `policy_loss.base_loss_mode` looked up in verl's registry and called exactly as verl's `ppo_loss`
 calls a policy loss, `v` the rollout-correction weights and K the per-token KL term (`kl_term`):
@@ -15,7 +15,9 @@ calls a policy loss, `v` the rollout-correction weights and K the per-token KL t
 with the TOKEN ratio w_t = π_θ/π_old of each token whatever ratio the base uses, ρ = π_ref/π_old (1 for the
 iterative reference) and the prefix ratios / future credit of `rpg.kl_credit`. No clamp, no clip: the additive
 placement, so over `vanilla` it is `rpg_<div>` wherever |log w| ≤ 20 (verl's clamp). Masked tokens (padding,
-observation spans) carry no KL (docs/losses.md#multi-turn).
+observation spans) carry no KL (docs/losses.md#multi-turn). The KL term is aggregated with the base's mode, except
+that seq-mean-token-mean (1/|y| per response: not the gradient of any KL) becomes token-mean (`aggregate_kl`,
+`rpg.kl_aggregation`, docs/losses.md#kl-aggregation).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 from rpg.loss_config import rpg_settings
 from rpg.divergences import Divergence, guarded_log_ratio
+from rpg.kl_aggregation import addon_kl_agg_mode
 from rpg.kl_credit import SequenceCredit, sequence_credit
 from rpg.loss_table import LossSpec
 from rpg.losses import _ref_log_prob, reference_ratio
@@ -33,7 +36,7 @@ from rpg.reference.adaptive_kl import KL_OBSERVER, current_kl_coef
 
 Tensor = torch.Tensor
 
-__all__ = ["KLTerm", "kl_log_ratio", "kl_term", "make_addon_loss"]
+__all__ = ["KLTerm", "aggregate_kl", "kl_log_ratio", "kl_term", "make_addon_loss"]
 
 
 def kl_log_ratio(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> Tensor:
@@ -84,6 +87,14 @@ def kl_term(
     return KLTerm(loss, mask, log_w.detach(), w.detach(), log_rho, rho, credit)
 
 
+def aggregate_kl(loss_mat: Tensor, mask: Tensor, loss_agg_mode: str, batch_info: dict) -> Tensor:
+    """The add-on's KL term aggregated with verl's `agg_loss` in `addon_kl_agg_mode(loss_agg_mode)`: a denominator
+    that does not depend on the sampled lengths, or token-mean's (docs/losses.md#kl-aggregation)."""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=addon_kl_agg_mode(loss_agg_mode), **batch_info)
+
+
 def _metrics(term: KLTerm, div: Divergence, kl_loss: Tensor) -> dict[str, float]:
     """actor/rpg/{kl, kl_loss, ratio_mean, ratio_max, ratio_min[, kl_credit_abs]} over the model tokens, with one
     device→host transfer; {} for a micro-batch without model tokens."""
@@ -116,7 +127,7 @@ def _metrics(term: KLTerm, div: Divergence, kl_loss: Tensor) -> dict[str, float]
 def make_addon_loss(spec: LossSpec):
     """The verl `PolicyLossFn` of an add-on row (`rpg_kl_<div>`): the base loss of `policy_loss.base_loss_mode` plus
     the exact KL term of `spec.divergence` (module docstring)."""
-    from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     div = spec.divergence
 
@@ -143,7 +154,7 @@ def make_addon_loss(spec: LossSpec):
         if rollout_is_weights is not None:
             loss_mat = loss_mat * torch.where(term.mask, rollout_is_weights, 0.0)
         batch_info = config.get("global_batch_info", None) or {}
-        kl_loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
+        kl_loss = aggregate_kl(loss_mat, response_mask, loss_agg_mode, batch_info)
         metrics = dict(metrics or {})
         metrics.update(_metrics(term, div, kl_loss))
         return base_loss + kl_loss, metrics

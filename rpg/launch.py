@@ -50,7 +50,7 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from rpg.preflight import early  # standard library only: `--help`, a missing verl and misspelt names, before verl
+from rpg.preflight import early, keys, refusal  # stdlib only: `--help`, no verl, misspelt names and keys
 
 if __name__ == "__main__" and (_problem := early.verl_problem()):  # say what to do, not ModuleNotFoundError
     raise SystemExit(f"[rpg] error: {_problem}")
@@ -69,7 +69,7 @@ from rpg.preflight.compose import (  # noqa: F401,E402  (public names of rpg.lau
 from rpg.preflight.gpu import check_gpu_launch  # noqa: E402
 from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401,E402
 from rpg.preflight.prompts import prompt_length_problems  # noqa: E402
-from rpg.preflight.resume_ckpt import check as check_resume  # noqa: E402
+from rpg.preflight.resume_ckpt import problem as resume_problem  # noqa: E402
 from rpg.preflight.recipe_rules import (  # noqa: F401,E402
     OVERLONG_BUFFER_KEYS,
     RECIPE_RULES,
@@ -85,7 +85,8 @@ from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # no
 
 DRY_RUN_ENV = "RPG_DRY_RUN"
 SMOKE_DIR_ENV = "RPG_SMOKE_DIR"
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+SUMMARY_ONLY = "summary"  # RPG_DRY_RUN=summary: a dry run that prints only the summary (no YAML)
+_TRUE, _FALSE = ("1", "true", "yes", "on", SUMMARY_ONLY), ("", "0", "false", "no", "off")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -128,7 +129,8 @@ def dry_run_requested(environ=None) -> bool:
     environ = os.environ if environ is None else environ  # read now: `datasets` (num_proc) replaces os.environ
     value = environ.get(DRY_RUN_ENV, "").strip().lower()
     if value not in _TRUE + _FALSE:
-        raise RecipeConfigError(f"{DRY_RUN_ENV}={environ[DRY_RUN_ENV]!r} is not valid; use 1 (dry run) or 0")
+        raise RecipeConfigError(f"{DRY_RUN_ENV}={environ[DRY_RUN_ENV]!r} is not valid; use 1 (dry run), "
+                                f"{SUMMARY_ONLY} (a dry run printing only its summary) or 0")
     return value in _TRUE
 
 
@@ -171,9 +173,23 @@ def smoke_setup(args: Sequence[str], dry_run: bool) -> tuple[list[str], Optional
     return overrides, SmokeRun(full, paths, phase, rollout)
 
 
+def smoke_dry_run_save(args: Sequence[str], smoke_run: SmokeRun) -> None:
+    """A smoke dry run's launch 1 of 2 (save), dry-run in this process before Hydra runs launch 2 (resume); nothing
+    when RPG_SMOKE_PHASE names the one launch to show."""
+    from rpg import smoke
+
+    if os.environ.get(smoke.PHASE_ENV):
+        return
+    save = dataclasses.replace(smoke_run, phase=smoke.SAVE)
+    with refusal.as_message():
+        overrides = smoke.smoke_overrides(smoke_run.full, smoke_run.paths, smoke.SAVE, smoke_run.rollout)
+        run(compose_config([*args, *overrides]), save)
+
+
 def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     """Validate, then dry-run (print YAML) or train with verl's `run_ppo`, as `verl.trainer.main_ppo.main` does; a
     smoke run then prints its report (`rpg.smoke.summarize`)."""
+    from rpg import addon_bases
     from verl.utils.device import auto_set_device
 
     finish(config)  # the recipe variables and every oc.env resolved here, before Ray (rpg.preflight.compose)
@@ -184,23 +200,27 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     if warning := async_correction_warning(config):  # asynchronous without TIS weights: docs/async.md#no-correction
         print(warning, file=sys.stderr)
     check_wandb(config, dry_run=dry_run)  # wandb's credentials or offline mode, not at wandb.init minutes in
+    if warning := addon_bases.config_warning(config):  # the add-on base's clip (docs/losses.md#addon-bases)
+        print(warning, file=sys.stderr)
     # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
     check_gpu_launch(config, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))
     if smoke_run is not None:
         print(f"[rpg] smoke run (SMOKE=1), launch {1 if smoke_run.phase == 'save' else 2} of 2: "
               f"{config.trainer.total_training_steps} steps of {config.data.train_batch_size} prompts, metrics to "
               f"{smoke_run.log}, checkpoints in {config.trainer.default_local_dir}", file=sys.stderr)  # fmt: skip
-    if problem := disk_problem(config):  # the checkpoints this launch will save fit on their disk
-        if not dry_run:
-            raise RecipeConfigError(problem)
-        print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
-    check_resume(config, dry_run=dry_run)  # the checkpoint a resume would read is complete (rpg.preflight.resume_ckpt)
+    # the checkpoints: this launch's fit on their disk, the one a resume would read is complete (rpg.preflight)
+    checkpoint_problems = [p for p in (disk_problem(config), resume_problem(config)) if p]
+    if checkpoint_problems and not dry_run:
+        raise RecipeConfigError(checkpoint_problems[0])
     if dry_run:
-        for problem in validated.path_problems:
+        for problem in [*validated.path_problems, *checkpoint_problems]:
             print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
-        sys.stdout.write(OmegaConf.to_yaml(config, resolve=True))
+        if os.environ.get(DRY_RUN_ENV, "").strip().lower() != SUMMARY_ONLY:
+            sys.stdout.write(OmegaConf.to_yaml(config, resolve=True))
         refusals = launch_refusals(config, validated.path_problems, local=not os.environ.get("RAY_ADDRESS"))
-        smoke_line = f"{config.trainer.total_training_steps} steps, metrics to {smoke_run.log}" if smoke_run else None
+        refusals += checkpoint_problems  # every refusal of a real launch is in the summary
+        smoke_line = (f"launch {1 if smoke_run.phase == 'save' else 2} of 2, {config.trainer.total_training_steps} "
+                      f"steps, metrics to {smoke_run.log}") if smoke_run else None  # fmt: skip
         print("\n".join(summary_lines(config, refusals, smoke_line)))  # the last lines: what a person reads
         sys.stdout.flush()
         return
@@ -283,7 +303,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return list_losses(args[1:])
     if args[:1] == ["--help-config"]:  # Hydra's own help: the config groups and the full default config
         args = ["--help", *args[1:]]
-    elif problems := early.check_overrides(args):  # before verl is imported: a misspelt name fails in a second
+    elif problems := early.check_overrides(args) + keys.key_problems(args):  # before verl: a misspelt name, any key
         raise SystemExit("[rpg] error: " + "\n[rpg] error: ".join(problems))
     quiet_engine_warnings()
     import hydra
@@ -303,13 +323,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         except (RecipeConfigError, ValueError, RuntimeError) as e:
             raise SystemExit(f"[rpg] error: {e}") from None
         return
+    if dry_run and smoke_run is not None:  # a smoke dry run shows both launches: launch 1 here, launch 2 below
+        smoke_dry_run_save(args, smoke_run)
     args += smoke_overrides  # after the recipe's: they win
     if dry_run:  # no run directory, no log file: a dry run leaves nothing behind
         args += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled"]
     sys.argv = [sys.argv[0], *normalise_overrides(args)]
 
     def task(config: DictConfig) -> None:
-        run(config, smoke_run)
+        with refusal.as_message():  # the project's refusals: one paragraph, exit 1 (rpg.preflight.refusal)
+            run(config, smoke_run)
 
     hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base=None)(task)()
 

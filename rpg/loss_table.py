@@ -192,6 +192,6 @@ def describe_losses(markdown: bool = False) -> str:
         authors = s.authors if len(rows) == 1 else family.authors.format(div="<div>")
         options = ", ".join(f"`{o}`" for o in s.options if o not in ("kl_coef", "reference")) or "—"
         clip = ", ".join(_CLIP_SYMBOLS[f] for f in s.clip_fields) or "the base's"
-        ref = "always" if s.needs_reference else "`frozen`/`periodic` only"
+        ref = "always" if s.needs_reference else "`frozen`/`periodic`/`ema` only"
         lines.append(f"| {names} | {paper} | {s.description} | {options} | {clip} | {ref} | {authors} |")
     return "\n".join(lines) + "\n"

@@ -57,9 +57,11 @@ DAPO — Qwen3-4B, 4K context. Paper: Tables 5 and 7, Fig. 5, row "DAPO".""",
 DAPO — Qwen3-4B, 8K context. Paper: Table 3, Fig. 4, row "DAPO".""",
            "setup=qwen3_4b_8k", "method=dapo"),
     _recipe("4b/run_gspo_urkl_4k.sh", """\
-GSPO + RPG's exact URKL — Qwen3-4B, 4K context. Not a paper row: verl's GSPO loss (sequence-level ratio, clip
-(3e-4, 4e-4), seq-mean-token-mean) with the exact URKL regulariser added at the token ratio, β = 1e-4, iterative
-reference (docs/losses.md#kl-addon). Dynamic sampling and the overlong penalty as every recipe here.""",
+GSPO + RPG's URKL — Qwen3-4B, 4K context. Not a paper row: verl's GSPO loss (sequence-level ratio, clip
+(3e-4, 4e-4), seq-mean-token-mean) with the URKL regulariser added at the token ratio, β = 1e-4, iterative reference
+(docs/losses.md#kl-addon). Its KL term is aggregated token-mean, not GSPO's seq-mean-token-mean: exact up to the
+token mean's O(1/B) ratio over a batch of B responses (docs/losses.md#kl-aggregation). Dynamic sampling and the
+overlong penalty as every recipe here.""",
            "setup=qwen3_4b_4k", "method=rpg_kl", "recipe.divergence=urkl", "recipe.beta=1e-4", "recipe.base=gspo",
            "actor_rollout_ref.actor.clip_ratio_low=3e-4", "actor_rollout_ref.actor.clip_ratio_high=4e-4",
            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"),
@@ -156,9 +158,11 @@ token is a starting point, not a measured value: set KL_TARGET / KL_HORIZON in t
            "actor_rollout_ref.actor.policy_loss.kl_control=adaptive",
            "actor_rollout_ref.actor.policy_loss.kl_target=1e-3", "actor_rollout_ref.actor.policy_loss.kl_horizon=10"),
     _recipe("4b/run_rpg_reinforce_urkl_4k_seqkl.sh", """\
-RPG-REINFORCE-URKL with sequence-level KL credit — Qwen3-4B, 4K context. Not a paper row: token t's KL weight is the
-sum of the KL terms of the tokens from t on, the gradient of the KL between whole responses (Tang & Munos, arXiv
-2506.09477; docs/losses.md#kl-credit) instead of the per-token one every paper number uses.""",
+RPG-REINFORCE-URKL with sequence-level KL credit — Qwen3-4B, 4K context. Not a paper row: token t's KL weight also
+credits the KL terms of the tokens after it, an estimate of the gradient of the KL between whole responses (Tang &
+Munos, arXiv 2506.09477; docs/losses.md#kl-credit) instead of the per-token one every paper number uses. Exact only
+with kl_ratio=raw and no clip active (and up to token-mean's O(1/B), docs/losses.md#kl-aggregation); this recipe keeps
+the default kl_ratio=clipped, C_KL at the clipped ratio (Remark F.2), the documented approximation.""",
            "setup=qwen3_4b_4k", *rpg("rpg_reinforce", "urkl", "1e-4"),
            "actor_rollout_ref.actor.policy_loss.kl_credit=sequence"),
     _recipe("4b/run_rpg_reinforce_urkl_8k.sh", """\

@@ -78,3 +78,60 @@ class ARToy:
         fn = self.token_objective if objective == "token" else self.sequence_objective
         (g,) = torch.autograd.grad(fn(div, th, ref), th)
         return g
+
+
+# ---- variable response lengths (tests/test_kl_aggregation_on_cpu.py; docs/losses.md#kl-aggregation) ---------------
+EOS = 0  # the end-of-sequence symbol of `EOSToy`
+
+
+class EOSToy(ARToy):
+    """`ARToy` with an end-of-sequence symbol (0): a response stops after EOS or after `S` tokens (verl's
+    max_response_length), so |y| ∈ 1..S depends on the sampled tokens. Histories are the unfinished prefixes (no EOS,
+    length < S); every tensor has one row per response, padded to S columns, `mask` 0 after the response's end."""
+
+    def __init__(self, seed: int, steps: int = 3, vocab: int = 3, spread: float = 0.6, ref_spread: float = 0.7):
+        super().__init__(seed, 1, vocab, spread, ref_spread)  # the logit tables are redrawn below
+        self.S, self.V = steps, vocab
+        words = [p for n in range(steps) for p in itertools.product(range(1, vocab), repeat=n)]
+        self.prefixes, self.row = words, {p: i for i, p in enumerate(words)}
+        self.seqs = [p + (EOS,) for p in words] + [p + (y,) for p in words if len(p) == steps - 1 for y in
+                                                   range(1, vocab)]  # fmt: skip
+        self.lengths = torch.tensor([len(y) for y in self.seqs])
+        self.mask = torch.arange(steps).unsqueeze(0) < self.lengths.unsqueeze(1)
+        self.token = torch.tensor([list(y) + [EOS] * (steps - len(y)) for y in self.seqs])
+        self.history = torch.tensor([[self.row[y[:t]] if t < len(y) else 0 for t in range(steps)] for y in self.seqs])
+        g = torch.Generator().manual_seed(900 + seed)
+
+        def noise():
+            return torch.randn(len(words), vocab, generator=g, dtype=torch.float64)
+
+        self.old = noise()
+        self.theta = self.old + spread * noise()
+        self.ref = self.old + ref_spread * noise()
+        self.adv = torch.zeros(len(self.seqs), steps, dtype=torch.float64)
+
+    def token_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """(responses, S): log p(y_t | h_t), 0 after the response's end."""
+        return torch.where(self.mask, super().token_log_probs(logits), 0.0)
+
+    def history_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """π(h) of every unfinished prefix h under the policy `logits` (the chance the sampler reaches it)."""
+        log_p = torch.log_softmax(logits, -1)
+        out = [sum((log_p[self.row[h[:k]], h[k]] for k in range(len(h))), torch.zeros((), dtype=torch.float64))
+               for h in self.prefixes]  # fmt: skip
+        return torch.stack(out).exp()
+
+    def token_objective(self, div: str, theta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        """Σ_h π_old(h)·D(π_θ(·|h), π_ref(·|h)) over the unfinished prefixes: the per-token objective."""
+        per_history = self._div(div, torch.log_softmax(theta, -1), torch.log_softmax(ref, -1))
+        return (self.history_probs(self.old) * per_history).sum()
+
+
+def multisets(n: int, size: int):
+    """(index tuple, multiplicity) of every batch of `size` draws from `n` responses, order ignored: the number of
+    ordered batches with these members (Σ multiplicity = n^size)."""
+    from math import factorial, prod
+
+    for combo in itertools.combinations_with_replacement(range(n), size):
+        counts = [combo.count(i) for i in set(combo)]
+        yield combo, factorial(size) // prod(factorial(c) for c in counts)

@@ -104,7 +104,9 @@ def problem(config: Any, free_bytes: Optional[float] = None) -> Optional[str]:
     if free >= est.needed:
         return None
     parts = " + ".join(f"{k} {v / GB:.1f} GB" for k, v in est.parts.items())
+    fewer = (f", keep fewer checkpoints (trainer.max_actor_ckpt_to_keep=1: {2 * est.one / GB:.0f} GB)"
+             if est.copies > 2 else "")  # only a fix that changes something  # fmt: skip
     return (f"the checkpoint folder trainer.default_local_dir={folder} (CKPTS_DIR) has {free / GB:.1f} GB free, and "
             f"the run's checkpoints need about {est.needed / GB:.1f} GB: {est.copies} × ({parts}) ({est.why}). Set "
-            f"CKPTS_DIR to a disk with at least {est.needed / GB:.0f} GB free (on several nodes, a shared one), keep "
-            f"fewer checkpoints (trainer.max_actor_ckpt_to_keep=1), or save none (trainer.save_freq=-1)")  # fmt: skip
+            f"CKPTS_DIR to a disk with at least {est.needed / GB:.0f} GB free (on several nodes, a shared one){fewer}, "
+            f"or save none (trainer.save_freq=-1)")  # fmt: skip

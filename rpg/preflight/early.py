@@ -53,6 +53,7 @@ rules, local paths, prompt lengths, the GPU memory plan), then runs verl's main_
 Modes (environment variables; the same for a recipe script):
   (none)              check, then train (a local Ray, or the cluster at RAY_ADDRESS)
   RPG_DRY_RUN=1       check, print the resolved config as YAML and a summary; no Ray, no GPU, a few seconds
+  RPG_DRY_RUN=summary the same, printing only the summary (every refusal of a real launch in it)
   SMOKE=1             the recipe for 2 steps on its smallest full batch, then time per phase, peak memory and the
                       projected wall time (docs/gpu.md#smoke); with RPG_DRY_RUN=1 prints the smoke config
   RPG_PRINT_ARGV=1    (recipe scripts) print the final command and environment as JSON, import nothing

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -152,13 +151,3 @@ def problem(config: Any) -> Optional[str]:
                      "trainer.resume_mode=disable (or another CKPTS_DIR).")
     return " ".join(lines)
 
-
-def check(config: Any, dry_run: bool) -> None:
-    """The launcher's hook (before Ray): refuse an incomplete resume; a dry run prints what a launch would refuse."""
-    from rpg.preflight.compose import RecipeConfigError
-
-    if (why := problem(config)) is None:
-        return
-    if not dry_run:
-        raise RecipeConfigError(why)
-    print(f"[rpg] dry run: a real launch would refuse: {why}", file=sys.stderr)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig
 
+from rpg.kl_aggregation import rule_kl_aggregation
 from rpg.loss_table import RPG_POLICY_LOSS_TARGETS
 from rpg.preflight.compose import RecipeConfigError, _detached
 
@@ -203,6 +204,7 @@ RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
     _rule_periodic_not_separate_async,
     _rule_written_reference_engine,
     _rule_no_adaptive_kl_ctrl,
+    rule_kl_aggregation,  # seq-mean-token-mean / an unscaled -norm make the KL inexact (docs/losses.md#kl-aggregation)
 )
 
 
@@ -227,6 +229,7 @@ def validate_rpg(config: DictConfig):
     * `reference=periodic|ema` ⇒ FSDP engines and no LoRA (the fused worker's reference engine); `ema` ⇒ the
       reference stored in fp32;
     * no `algorithm.kl_ctrl.type=adaptive` (ignored by RPG runs; the pointer to `policy_loss.kl_control=adaptive`);
+    * an aggregation that keeps the KL exact (`rpg.kl_aggregation`);
     """
     from rpg.loss_config import clip_errors
     from rpg.loss_table import ADDON, VERL_CLIP_FIELDS, clip_fields

@@ -45,5 +45,8 @@ def test_a_disk_too_small_is_refused_with_the_numbers_and_the_fix():
                  "trainer.max_actor_ckpt_to_keep=1 + 1 being written",
                  "Set CKPTS_DIR to a disk with at least", "trainer.save_freq=-1"):  # fmt: skip
         assert part in msg, (part, msg)
+    assert "keep fewer checkpoints" not in msg  # max_actor_ckpt_to_keep is 1 already: no fix that changes nothing
+    msg = problem(config(max_actor_ckpt_to_keep=None), free_bytes=50 * GB)
+    assert "keep fewer checkpoints (trainer.max_actor_ckpt_to_keep=1: " in msg, msg
     assert problem(config(), free_bytes=10_000 * GB) is None
     assert problem(config(save_freq=-1), free_bytes=0) is None  # a run that saves nothing needs no room

@@ -12,7 +12,6 @@ import pytest
 from omegaconf import OmegaConf
 
 from rpg.preflight import resume_ckpt
-from rpg.preflight.compose import RecipeConfigError
 
 ONE_RANK = ["actor/model_world_size_1_rank_0.pt", "actor/optim_world_size_1_rank_0.pt",
             "actor/extra_state_world_size_1_rank_0.pt", "data.pt"]  # fmt: skip
@@ -48,8 +47,6 @@ def test_a_missing_extra_state_is_named_with_the_resume_command_for_the_previous
     why = resume_ckpt.problem(cfg)
     assert f"{latest} lacks actor/extra_state_world_size_1_rank_0.pt (actor extra state of rank 0)" in why, why
     assert f"trainer.resume_mode=resume_path trainer.resume_from_path={previous}" in why, why
-    with pytest.raises(RecipeConfigError, match="extra_state_world_size_1_rank_0.pt"):
-        resume_ckpt.check(cfg, dry_run=False)
     (latest / "data.pt").unlink()
     assert "data.pt (the data loader's state)" in resume_ckpt.problem(cfg)
     (previous / "actor/model_world_size_1_rank_0.pt").unlink()
@@ -79,7 +76,7 @@ def test_every_rank_of_the_world_size_and_a_resume_path(tmp_path):
     assert "lacks critic/model_world_size_2_rank_0.pt (critic model state of rank 0)" in resume_ckpt.problem(cfg)
 
 
-def test_the_reference_and_beta_state_of_the_runs_modes(tmp_path, capsys):
+def test_the_reference_and_beta_state_of_the_runs_modes(tmp_path):
     latest = save(tmp_path, 2, ONE_RANK)
     ema = config(tmp_path, reference="ema", kl_control="adaptive")
     why = resume_ckpt.problem(ema)
@@ -95,5 +92,3 @@ def test_the_reference_and_beta_state_of_the_runs_modes(tmp_path, capsys):
     cfg = config(tmp_path)
     cfg.trainer.v1.trainer_mode = "separate_async"
     assert "transfer_queue (the asynchronous trainer's in-flight prompts)" in resume_ckpt.problem(cfg)
-    resume_ckpt.check(cfg, dry_run=True)  # a dry run reports
-    assert "a real launch would refuse: the checkpoint this launch would resume from" in capsys.readouterr().err

@@ -165,7 +165,7 @@ def test_dry_run_reports_and_real_launch_refuses(base, data, monkeypatch, capsys
     assert "a real launch would refuse" in err and "/nonexistent/train.parquet" in err
 
 
-def test_an_incomplete_checkpoint_is_refused_before_the_trainer_starts(base, data, tmp_path, monkeypatch):
+def test_an_incomplete_checkpoint_is_refused_before_the_trainer_starts(base, data, tmp_path, monkeypatch, capsys):
     """The launcher's resume hook (rpg/preflight/resume_ckpt.py; its rules: tests/preflight/test_resume_ckpt_on_cpu.py):
     resume_mode=auto over a latest checkpoint that lacks one rank's extra state is refused before verl's run_ppo."""
     import rpg.launch
@@ -186,7 +186,12 @@ def test_an_incomplete_checkpoint_is_refused_before_the_trainer_starts(base, dat
     cfg = cfg_with(base, **data, **{"trainer.resume_mode": "auto", "trainer.default_local_dir": str(ckpts)})
     with pytest.raises(RecipeConfigError, match=rf"lacks actor/extra_state_world_size_{ranks}_rank_{ranks - 1}\.pt.*"
                                                 rf"trainer\.resume_from_path={ckpts}/global_step_1"):  # fmt: skip
-        rpg.launch.run(cfg)
+        rpg.launch.run(copy.deepcopy(cfg))
+    capsys.readouterr()
+    monkeypatch.setenv("RPG_DRY_RUN", "summary")  # a dry run lists it among the summary's refusals
+    rpg.launch.run(cfg)
+    summary = capsys.readouterr().out
+    assert f"lacks actor/extra_state_world_size_{ranks}_rank_{ranks - 1}.pt" in summary, summary
 
 
 def test_validate_returns_the_path_problems(base, data):
