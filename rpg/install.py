@@ -99,8 +99,13 @@ def installed(name: str) -> bool:
 
 
 def install_from_environ(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """Install exactly what `RPG_INSTALL` names (nothing when unset); return the names. Run by `rpg.verl_plugin`."""
-    selection = names(environ.get(ENV, ""))
+    """Install exactly what `RPG_INSTALL` names (nothing when unset); return the names. Run by `rpg.verl_plugin`.
+
+    A name whose module is still executing in this process is left out: that module's own import started `import
+    verl` (a Ray worker of a schedule-free run imports `rpg.schedule_free` first, to unpickle its worker class), so
+    it has no `install` yet. Such a worker needs only the other names; the TaskRunner, which needs the trainer,
+    imports verl first."""
+    selection = tuple(n for n in names(environ.get(ENV, "")) if hasattr(_module(n), "install"))
     install(selection)
     return selection
 

@@ -27,6 +27,7 @@ def test_the_static_names_are_verls_and_rpgs():
     import rpg.verl_plugin as plugin
     from rpg.advantages import ADVANTAGE_ESTIMATORS
     from rpg.loss_config import RPGPolicyLossConfig
+    from rpg.loss_options import option_names
     from rpg.loss_table import LOSSES
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from verl.workers.config import PolicyLossConfig
@@ -43,7 +44,7 @@ def test_the_static_names_are_verls_and_rpgs():
     verl_fields = [f.name for f in dataclasses.fields(PolicyLossConfig)]
     assert list(early.VERL_POLICY_LOSS_FIELDS) == verl_fields
     assert [f.name for f in dataclasses.fields(RPGPolicyLossConfig) if f.name not in verl_fields] == list(
-        early.RPG_OPTIONS
+        option_names()
     )
 
 

@@ -2,9 +2,10 @@
 this interpreter's verl, and the names in the raw Hydra overrides (`policy_loss.loss_mode`, `algorithm.adv_estimator`,
 the `policy_loss.*` options), each refused with the closest valid names and `--list`.
 
-Imports only the standard library and the loss table at module level (`rpg.VERL_FREE`). verl's own names are listed
-here for verl 0.9.1; tests/recipes/test_early_checks_on_cpu.py checks that they equal verl's registries and config
-fields, and that the RPG names equal the ones the plugin registers.
+Imports only the standard library and `rpg.loss_options` at module level (the loss table, inside a function), none of
+which imports verl. The RPG options are the fields of `rpg.loss_options.RPGOptions`, the class `rpg.RPGPolicyLossConfig`
+is built from; verl's own names are listed here for verl 0.9.1, and tests/test_launcher_messages_on_cpu.py checks that
+they equal verl's registries and config fields, and that the RPG names equal the ones the plugin registers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import difflib
 import importlib.util
 import sys
 from typing import Iterable, Optional, Sequence
+
+from rpg.loss_options import option_names
 
 POLICY_LOSS_KEY = "actor_rollout_ref.actor.policy_loss"
 LOSS_MODE_KEY = f"{POLICY_LOSS_KEY}.loss_mode"
@@ -33,13 +36,8 @@ VERL_POLICY_LOSS_FIELDS = (
     "_target_", "loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
     "rollout_correction",
 )  # fmt: skip
-# RPG's: `rpg.advantages.ADVANTAGE_ESTIMATORS` and the fields `rpg.loss_config.RPGPolicyLossConfig` adds to verl's.
+# RPG's: `rpg.advantages.ADVANTAGE_ESTIMATORS` (the options: `rpg.loss_options.option_names()`).
 RPG_ADV_ESTIMATORS = ("rpg", "rpg_batchmean")
-RPG_OPTIONS = (
-    "kl_coef", "kl_clamp", "branch_on", "kl_ratio", "kl_placement", "reference", "ref_refresh_steps", "ref_refresh_kl",
-    "ref_kl_ema", "base_loss_mode", "kl_credit", "ref_ema_decay", "ref_ema_period", "kl_control", "kl_target",
-    "kl_horizon",
-)  # fmt: skip
 
 LIST_HINT = "python -m rpg.launch --list"
 
@@ -110,7 +108,8 @@ def _key_value(override: str) -> Optional[tuple[str, str]]:
 def check_overrides(overrides: Sequence[str]) -> list[str]:
     """The problems of the raw overrides' loss_mode, adv_estimator and policy_loss.* keys (empty: none)."""
     problems = []
-    options = (*VERL_POLICY_LOSS_FIELDS, *RPG_OPTIONS)
+    rpg_options = option_names()
+    options = (*VERL_POLICY_LOSS_FIELDS, *rpg_options)
     for override in overrides:
         kv = _key_value(override)
         if kv is None:
@@ -132,7 +131,7 @@ def check_overrides(overrides: Sequence[str]) -> list[str]:
             if option not in options:
                 problems.append(
                     f"{key}: {option!r} is not an option of the RPG losses or of verl's PolicyLossConfig; "
-                    f"{_did_you_mean(option, options)} RPG's options: {', '.join(RPG_OPTIONS)} (which loss reads "
+                    f"{_did_you_mean(option, options)} RPG's options: {', '.join(rpg_options)} (which loss reads "
                     f"which: {LIST_HINT})"
                 )
     return problems

@@ -20,26 +20,18 @@ def is_rpg_loss(loss_mode: str) -> bool:
     return in_loss_table(loss_mode)
 
 
-def _registries():
-    import verl  # noqa: F401  (loads the `verl.plugins` entry points, i.e. registers the RPG losses/estimators)
-
-    # verl swallows plugin import errors; import the plugin explicitly so a broken plugin fails loudly here (and a
-    # registration skipped because `rpg.loss_config` was mid-import when verl loaded its plugins happens now).
-    import rpg.verl_plugin  # noqa: F401
-    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
-
-    return POLICY_LOSS_REGISTRY, ADV_ESTIMATOR_REGISTRY
-
-
 def check_registered(config: DictConfig) -> None:
-    """`policy_loss.loss_mode` and `algorithm.adv_estimator` must be names in verl's registries."""
-    losses, estimators = _registries()
+    """`policy_loss.loss_mode` and `algorithm.adv_estimator` must be names in verl's registries (`import verl` loads
+    the `verl.plugins` entry point `rpg.verl_plugin`, which registers the RPG names)."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as estimators, POLICY_LOSS_REGISTRY as losses
+
     loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
     if loss_mode not in losses:
         rpg_names = sorted(n for n in losses if is_rpg_loss(n))
+        none = "(none registered: verl did not load the rpg plugin; `python -c 'import rpg.verl_plugin'` says why)"
         raise RecipeConfigError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} is not a registered policy loss. "
-            f"RPG losses: {rpg_names or '(none registered: is the rpg plugin installed?)'}; "
+            f"RPG losses: {rpg_names or none}; "
             f"verl built-ins: {sorted(n for n in losses if not is_rpg_loss(n))}"
         )
     adv = config.algorithm.adv_estimator
