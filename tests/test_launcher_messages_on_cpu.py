@@ -38,7 +38,9 @@ def test_the_static_names_are_verls_and_rpgs():
 
     assert sorted(early.VERL_POLICY_LOSSES) == verls(POLICY_LOSS_REGISTRY)
     assert sorted(early.VERL_ADV_ESTIMATORS) == verls(ADV_ESTIMATOR_REGISTRY)
-    assert early.RPG_ADV_ESTIMATORS == tuple(ADVANTAGE_ESTIMATORS)
+    assert early.rpg_adv_estimators() == tuple(ADVANTAGE_ESTIMATORS)
+    assert sorted(early.rpg_adv_estimators()) == sorted(set(verls(ADV_ESTIMATOR_REGISTRY, "rpg")) - set(
+        early.VERL_ADV_ESTIMATORS))
     assert sorted(early.policy_loss_names()) == verls(POLICY_LOSS_REGISTRY, "rpg")
     assert set(LOSSES) <= set(plugin.REGISTERED)
     verl_fields = [f.name for f in dataclasses.fields(PolicyLossConfig)]

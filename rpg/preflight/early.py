@@ -2,10 +2,11 @@
 this interpreter's verl, and the names in the raw Hydra overrides (`policy_loss.loss_mode`, `algorithm.adv_estimator`,
 the `policy_loss.*` options), each refused with the closest valid names and `--list`.
 
-Imports only the standard library and `rpg.loss_options` at module level (the loss table, inside a function), none of
-which imports verl. The RPG options are the fields of `rpg.loss_options.RPGOptions`, the class `rpg.RPGPolicyLossConfig`
-is built from; verl's own names are listed here for verl 0.9.1, and tests/test_launcher_messages_on_cpu.py checks that
-they equal verl's registries and config fields, and that the RPG names equal the ones the plugin registers.
+Imports only the standard library and `rpg.loss_options` at module level (the loss table and the advantage
+estimators, inside functions), none of which imports verl. The RPG names are read from their sources: the options are
+the fields of `rpg.loss_options.RPGOptions`, which `rpg.RPGPolicyLossConfig` is built from. verl's own names are listed
+here for verl 0.9.1; tests/test_launcher_messages_on_cpu.py checks that they equal verl's registries and config
+fields, and that the RPG names equal the ones the plugin registers.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ VERL_POLICY_LOSS_FIELDS = (
     "_target_", "loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
     "rollout_correction",
 )  # fmt: skip
-# RPG's: `rpg.advantages.ADVANTAGE_ESTIMATORS` (the options: `rpg.loss_options.option_names()`).
-RPG_ADV_ESTIMATORS = ("rpg", "rpg_batchmean")
 
 LIST_HINT = "python -m rpg.launch --list"
 
@@ -89,6 +88,13 @@ def _did_you_mean(value: str, names: Iterable[str]) -> str:
     return "did you mean " + " or ".join(repr(c) for c in _closest(value, names)) + "?"
 
 
+def rpg_adv_estimators() -> tuple[str, ...]:
+    """RPG's advantage estimators (`rpg.advantages.ADVANTAGE_ESTIMATORS`, which imports verl only when one runs)."""
+    from rpg.advantages import ADVANTAGE_ESTIMATORS
+
+    return tuple(ADVANTAGE_ESTIMATORS)
+
+
 def policy_loss_names() -> tuple[str, ...]:
     """Every valid `policy_loss.loss_mode`: the loss table's rows, then verl's own losses."""
     from rpg.loss_table import LOSSES
@@ -120,11 +126,11 @@ def check_overrides(overrides: Sequence[str]) -> list[str]:
                 f"{LOSS_MODE_KEY}={value!r} is not a policy loss; {_did_you_mean(value, policy_loss_names())} "
                 f"All names: {LIST_HINT}"
             )
-        elif key == ADV_ESTIMATOR_KEY and value not in (*RPG_ADV_ESTIMATORS, *VERL_ADV_ESTIMATORS):
-            names = (*RPG_ADV_ESTIMATORS, *VERL_ADV_ESTIMATORS)
+        elif key == ADV_ESTIMATOR_KEY and value not in (*rpg_adv_estimators(), *VERL_ADV_ESTIMATORS):
+            names = (*rpg_adv_estimators(), *VERL_ADV_ESTIMATORS)
             problems.append(
                 f"{ADV_ESTIMATOR_KEY}={value!r} is not an advantage estimator; {_did_you_mean(value, names)} "
-                f"Valid: RPG's {', '.join(RPG_ADV_ESTIMATORS)}; verl's {', '.join(VERL_ADV_ESTIMATORS)} ({LIST_HINT})"
+                f"Valid: RPG's {', '.join(rpg_adv_estimators())}; verl's {', '.join(VERL_ADV_ESTIMATORS)} ({LIST_HINT})"
             )
         elif key.startswith(POLICY_LOSS_KEY + "."):
             option = key[len(POLICY_LOSS_KEY) + 1 :].split(".")[0]
@@ -155,6 +161,6 @@ def list_text() -> str:
     """`--list`'s lines after the loss table: verl's own names, valid too."""
     return (
         f"\nverl's own policy losses (loss_mode): {', '.join(VERL_POLICY_LOSSES)}\n"
-        f"advantage estimators (algorithm.adv_estimator): RPG's {', '.join(RPG_ADV_ESTIMATORS)}; "
+        f"advantage estimators (algorithm.adv_estimator): RPG's {', '.join(rpg_adv_estimators())}; "
         f"verl's {', '.join(VERL_ADV_ESTIMATORS)}\n"
     )
