@@ -47,32 +47,37 @@ print(json.dumps({"installed": [n for n in install.NAMES if install.installed(n)
 """
 
 
+def _plugin_imports() -> list[str]:
+    """The rpg modules rpg/verl_plugin.py imports at module level."""
+    tree = ast.parse(PLUGIN.read_text())
+    modules = [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module.startswith("rpg.")]
+    modules += [f"rpg.{a.name}" for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "rpg" for a in n.names]
+    assert {"rpg.install", "rpg.loss_table", "rpg.advantages"} <= set(modules), modules
+    return modules
+
+
+# `import rpg` first, then every rpg module the plugin imports, with verl blocked: none of them imports verl, which is
+# what lets verl load the plugin while any rpg module is half-initialised; then verl is unblocked.
+LIGHT = "import sys; sys.modules['verl'] = None\nimport rpg\n" + "".join(f"import {m}\n" for m in _plugin_imports()) + (
+    "assert not [m for m in sys.modules if m.startswith('verl.')]; del sys.modules['verl']\n"
+)
+
+
 @pytest.mark.parametrize("first", ["rpg.loss_config", "rpg.losses", "rpg.advantages", "rpg.schedule_free", "rpg"])
 def test_any_import_order_registers_everything(first):
     """Importing an rpg module before verl must not break verl's plugin loading (a half-initialised module).
-    `rpg.schedule_free` first, as a Ray worker of a schedule-free run unpickles its worker class, with `RPG_INSTALL`
-    naming it and the reference adapter: the adapter is installed, the half-initialised module is left out (its
-    trainer is the TaskRunner's, which imports verl first), and the plugin reports no error."""
+    `rpg` first: with the plugin's own rpg imports, verl blocked (`LIGHT`). `rpg.schedule_free` first, as a Ray worker
+    of a schedule-free run unpickles its worker class, with `RPG_INSTALL` naming it and the reference adapter: the
+    adapter is installed, the half-initialised module is left out (its trainer is the TaskRunner's, which imports verl
+    first), and the plugin reports no error."""
     env = dict(os.environ, RPG_INSTALL="ref_log_prob,schedule_free") if first == "rpg.schedule_free" else None
-    probe = f"import {first}\n" + PROBE + INSTALLED
+    probe = (LIGHT if first == "rpg" else f"import {first}\n") + PROBE + INSTALLED
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True, env=env)
     lines = out.stdout.strip().splitlines()
     got = {**json.loads(lines[-2]), **json.loads(lines[-1])}
     assert got["losses"] == EXPECTED_LOSSES and got["adv"] == ["rpg", "rpg_batchmean"]
     assert got["installed"] == (["ref_log_prob"] if env else [])
     assert "[rpg] error" not in out.stderr
-
-
-def test_the_plugin_imports_no_rpg_module_that_imports_verl():
-    """The plugin's module-level rpg imports import without verl (verl blocked in a fresh process): what lets verl
-    load the plugin while any rpg module is half-initialised."""
-    tree = ast.parse(PLUGIN.read_text())
-    modules = [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module.startswith("rpg")]
-    modules += [f"rpg.{a.name}" for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "rpg" for a in n.names]
-    assert {"rpg.install", "rpg.loss_table", "rpg.advantages"} <= set(modules), modules
-    code = "import sys; sys.modules['verl'] = None\n" + "".join(f"import {m}\n" for m in modules if m != "rpg")
-    code += "assert not any(m == 'verl' or m.startswith('verl.') for m in sys.modules if sys.modules[m] is not None)"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
 def test_registration_is_idempotent():
