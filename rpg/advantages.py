@@ -6,7 +6,8 @@ the per-prompt group mean (`rpg`); Algorithms 1/2 give the batch mean as the exa
 
 Both receive verl's `token_level_rewards` (bs, T) whose row sum is the sequence score `s_i` (the rule reward sits
 on the last valid token), and return `(advantages, returns)`, both `A_i` broadcast over the response and zero on
-padding. Registered with verl's `register_adv_est`; select with `algorithm.adv_estimator=rpg|rpg_batchmean`.
+padding. Registered with verl's `register_adv_est` (by `rpg.verl_plugin`, which is why verl is imported only inside
+`compute_rpg_outcome_advantage`); select with `algorithm.adv_estimator=rpg|rpg_batchmean`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from verl.utils import as_torch_index, group_mean_std
 
 Tensor = torch.Tensor
 
@@ -33,6 +33,8 @@ def compute_rpg_outcome_advantage(
     """
     if index is None:
         raise ValueError("adv_estimator=rpg needs the prompt group index (`uid`) that verl's trainer passes as `index`")
+    from verl.utils import as_torch_index, group_mean_std  # here: rpg.verl_plugin imports this module light
+
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         group = as_torch_index(index, device=scores.device)

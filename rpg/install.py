@@ -99,25 +99,32 @@ def installed(name: str) -> bool:
 
 
 def install_from_environ(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """Install exactly what `RPG_INSTALL` names (nothing when unset); return the names. Run by `rpg.verl_plugin`."""
-    selection = names(environ.get(ENV, ""))
+    """Install exactly what `RPG_INSTALL` names (nothing when unset); return the names. Run by `rpg.verl_plugin`.
+
+    A name whose module is still executing in this process is left out: that module's own import started `import
+    verl` (a Ray worker of a schedule-free run imports `rpg.schedule_free` first, to unpickle its worker class), so
+    it has no `install` yet. Such a worker needs only the other names; the TaskRunner, which needs the trainer,
+    imports verl first."""
+    selection = tuple(n for n in names(environ.get(ENV, "")) if hasattr(_module(n), "install"))
     install(selection)
     return selection
 
 
-def selected(config: Any) -> tuple[str, ...]:
-    """The names a composed ``ppo_trainer`` config selects (`NAMES` order). Builds the RPG settings if the policy
-    loss has the RPG `_target_` (validating them); installs nothing."""
+def selected(config: Any, settings: Any = None) -> tuple[str, ...]:
+    """The names a composed ``ppo_trainer`` config selects (`NAMES` order); installs nothing. `settings`: the typed
+    ``actor.policy_loss`` the caller built from `config` (the launcher's); None: built here (validating it) if the
+    policy loss has the RPG `_target_`."""
     from omegaconf import OmegaConf
 
     from rpg.loss_table import RPG_POLICY_LOSS_TARGETS
 
     chosen = set()
     policy_loss = OmegaConf.select(config, "actor_rollout_ref.actor.policy_loss")
-    if policy_loss is not None and policy_loss.get("_target_") in RPG_POLICY_LOSS_TARGETS:
+    if settings is None and policy_loss is not None and policy_loss.get("_target_") in RPG_POLICY_LOSS_TARGETS:
         from verl.utils.config import omega_conf_to_dataclass
 
         settings = omega_conf_to_dataclass(OmegaConf.create(OmegaConf.to_container(policy_loss, resolve=True)))
+    if hasattr(settings, "needs_ref_log_prob"):  # an RPGPolicyLossConfig (verl's own PolicyLossConfig selects none)
         chosen |= set(needed(settings))
     use_v1 = bool(OmegaConf.select(config, "trainer.use_v1", default=True))
     if use_v1 and OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync") == "schedule_free_sync":

@@ -109,9 +109,10 @@ def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfi
     validate_recipe(config)
     if problems := prompt_length_problems(config):
         raise RecipeConfigError("prompts longer than the configured length:\n- " + "\n- ".join(problems))
-    validated.rpg = validate_rpg(config)
+    policy_loss = validated.actor.policy_loss  # built once, with the actor: every check reads this object
+    validated.rpg = validate_rpg(config, policy_loss)
     check_schedule_free(config)  # optimizer and trainer agree (schedule-free needs its trainer mode, and only it)
-    validated.install = install.selected(config)
+    validated.install = install.selected(config, policy_loss)
     try:  # what the run installs in every process (rpg.install): an unsupported verl fails here, before Ray
         install.check(validated.install)
     except RuntimeError as e:

@@ -30,6 +30,7 @@ from typing import Any, Optional
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from rpg.kl_credit import KL_CREDIT
+from rpg.loss_options import RPGOptions, option_defaults  # noqa: F401  (option_defaults: public here too)
 from rpg.loss_table import LOSSES, RPG_POLICY_LOSS_TARGETS, LossSpec, base_loss_error, loss_spec  # noqa: F401
 from rpg.refresh_rules import check_ema_settings, check_kl_control_settings, check_refresh_settings
 
@@ -46,70 +47,10 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 @dataclass
-class RPGPolicyLossConfig(PolicyLossConfig):
-    """Settings of the RPG losses (the rows of `rpg.loss_table.LOSSES`, `python -m rpg.launch --list`).
-
-    Args:
-        kl_coef: β, the KL coefficient of `J = E[R] − β·D` (paper App. H: 1e-4). Must be finite and ≥ 0.
-        kl_clamp: if set, clamp the per-token KL surrogate of the fully differentiable family to
-            [−kl_clamp, kl_clamp] as the authors' code does (10.0 there, all divergences but FKL). The paper has no
-            clamp: None.
-            torch.clamp has zero gradient where it saturates, so this changes the gradient where the KL is large.
-        branch_on: which sign selects the dual-clip branch of Algorithm 2 (RPG-REINFORCE):
-            "effective_advantage" (paper: ψ = A'·ℓ, A' = A + C_KL/w) or "advantage" (authors' code: sign of A).
-        kl_ratio: ratio at which the REINFORCE KL component C_KL is evaluated: "clipped" (w̄ = clip(w, 1−ε1, 1+ε2),
-            Remark F.2, as the authors do) or "raw" (w, the exact estimator of Props. F.1–F.5).
-        kl_placement: where the KL sits in the fully differentiable family: "additive" (dual-clip PPO on the
-            detached A plus an unclipped β·D̂ — docs/losses.md#additive, the authors' construction, exact gradients of
-            Tables 1/4 inside the trust region) or "inside_clip" (literal Algorithm 1: dual-clip on a θ-dependent
-            Â = A − β·D̂/w, which reproduces Tables 1/4 exactly when unclipped — docs/losses.md#inside-clip).
-        reference: KL reference policy. "iterative" (π_ref = π_old, no reference model; paper §5 and every RPG script),
-            "frozen" (the initial model computed by verl's reference worker), "periodic" (a reference refreshed from the
-            policy every `ref_refresh_steps` optimizer steps and/or when the EMA of the token KL to the reference
-            exceeds `ref_refresh_kl`), "ema" (π_ref ← τ·π_ref + (1 − τ)·π_θ every `ref_ema_period` optimizer steps,
-            τ = `ref_ema_decay`; EMA-PG, arXiv 2602.04417). Non-iterative modes use the ρ-weighted surrogates of
-            docs/losses.md#rho-weighting (ρ = π_ref/π_old) and need `actor.use_kl_loss=True` with `kl_loss_coef=0`
-            so that verl builds the reference model and ships `ref_log_prob`.
-        ref_refresh_steps: K of the periodic reference, in optimizer steps (0 = never on a step count). verl
-            computes ref_log_prob once per training step, so a refresh happens at the end of the first training
-            step with ≥ K optimizer steps since the last one (rpg.reference).
-        ref_refresh_kl: κ of the periodic reference (0 = never on a KL threshold).
-        ref_kl_ema: decay per training step of the moving average of the token KL compared with κ; the average
-            restarts at each refresh.
-        base_loss_mode: the verl policy loss the KL add-on `rpg_kl_<div>` runs beside (`rpg.loss_table.ADDON_BASES`;
-            docs/losses.md#kl-addon).
-        kl_credit: "token" (the per-token KL at the sampled histories, every published RPG number) or "sequence" (the
-            gradient of the KL between whole responses, docs/losses.md#kl-credit), for the add-on and the REINFORCE
-            families.
-        ref_ema_decay: τ of the EMA (Polyak) reference (``reference='ema'``): π_ref ← τ·π_ref + (1 − τ)·π_θ, in
-            [0, 1) (τ = 0: the periodic reference with K = ref_ema_period; τ → 1: frozen). docs/reference-modes.md#ema.
-        ref_ema_period: P, optimizer steps between two EMA updates (the unit of the periodic reference's K): the
-            update happens at the end of the first training step with ≥ P optimizer steps since the last one.
-        kl_control: "fixed" (β = kl_coef throughout) or "adaptive" (the proportional controller of Ziegler et al. 2019,
-            as verl's AdaptiveKLController: β starts at kl_coef and is updated once per training step towards
-            `kl_target`; docs/losses.md#adaptive-beta).
-        kl_target: the target of the adaptive controller, in the units of the loss's own KL estimate
-            (``actor/rpg/kl``: the chosen divergence to the reference, per token); > 0 with kl_control='adaptive'.
-        kl_horizon: H, in training steps: each step multiplies β by 1 + clip(KL/target − 1, −0.2, 0.2)/H (verl's
-            horizon counts sequences: H = verl's horizon / sequences per step). A finite number > 0.2.
-    """
-
-    kl_coef: float = 1e-4
-    kl_clamp: Optional[float] = None
-    branch_on: str = "effective_advantage"
-    kl_ratio: str = "clipped"
-    kl_placement: str = "additive"
-    reference: str = "iterative"
-    ref_refresh_steps: int = 0
-    ref_refresh_kl: float = 0.0
-    ref_kl_ema: float = 0.9
-    base_loss_mode: str = "vanilla"
-    kl_credit: str = "token"
-    ref_ema_decay: float = 0.99
-    ref_ema_period: int = 1
-    kl_control: str = "fixed"
-    kl_target: float = 0.0
-    kl_horizon: float = 10.0
+class RPGPolicyLossConfig(RPGOptions, PolicyLossConfig):
+    """verl's `PolicyLossConfig` plus the RPG options (`rpg.loss_options.RPGOptions`: each option, its default and
+    its meaning; first in the bases so that the fields keep verl's order, then RPG's). Building one validates every
+    field against the loss table (`rpg.loss_table.LOSSES`, `python -m rpg.launch --list`)."""
 
     def __post_init__(self):
         if not (isinstance(self.kl_coef, (int, float)) and math.isfinite(self.kl_coef) and self.kl_coef >= 0):
@@ -158,12 +99,6 @@ class RPGPolicyLossConfig(PolicyLossConfig):
 PERIODIC_OPTIONS = ("ref_refresh_steps", "ref_refresh_kl", "ref_kl_ema")
 EMA_OPTIONS = ("ref_ema_decay", "ref_ema_period")
 KL_CONTROL_OPTIONS = ("kl_control", "kl_target", "kl_horizon")  # any RPG loss; the target and horizon: adaptive only
-
-
-def option_defaults() -> dict[str, Any]:
-    """The RPG options (fields RPGPolicyLossConfig adds to verl's PolicyLossConfig) and their defaults."""
-    verl_fields = set(PolicyLossConfig.__dataclass_fields__)
-    return {n: f.default for n, f in RPGPolicyLossConfig.__dataclass_fields__.items() if n not in verl_fields}
 
 
 def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:

@@ -27,6 +27,7 @@ def test_the_static_names_are_verls_and_rpgs():
     import rpg.verl_plugin as plugin
     from rpg.advantages import ADVANTAGE_ESTIMATORS
     from rpg.loss_config import RPGPolicyLossConfig
+    from rpg.loss_options import option_names
     from rpg.loss_table import LOSSES
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from verl.workers.config import PolicyLossConfig
@@ -37,13 +38,15 @@ def test_the_static_names_are_verls_and_rpgs():
 
     assert sorted(early.VERL_POLICY_LOSSES) == verls(POLICY_LOSS_REGISTRY)
     assert sorted(early.VERL_ADV_ESTIMATORS) == verls(ADV_ESTIMATOR_REGISTRY)
-    assert early.RPG_ADV_ESTIMATORS == tuple(ADVANTAGE_ESTIMATORS)
+    assert early.rpg_adv_estimators() == tuple(ADVANTAGE_ESTIMATORS)
+    assert sorted(early.rpg_adv_estimators()) == sorted(set(verls(ADV_ESTIMATOR_REGISTRY, "rpg")) - set(
+        early.VERL_ADV_ESTIMATORS))
     assert sorted(early.policy_loss_names()) == verls(POLICY_LOSS_REGISTRY, "rpg")
     assert set(LOSSES) <= set(plugin.REGISTERED)
     verl_fields = [f.name for f in dataclasses.fields(PolicyLossConfig)]
     assert list(early.VERL_POLICY_LOSS_FIELDS) == verl_fields
     assert [f.name for f in dataclasses.fields(RPGPolicyLossConfig) if f.name not in verl_fields] == list(
-        early.RPG_OPTIONS
+        option_names()
     )
 
 

@@ -141,5 +141,7 @@ def test_grpo_wk3_is_the_urkl_surrogate_against_the_reference():
 
 def test_registered_functions_are_built_from_their_rows():
     for name, spec in L.LOSSES.items():
-        fn = POLICY_LOSS_REGISTRY[name]
+        entry = POLICY_LOSS_REGISTRY[name]  # rpg.verl_plugin.LazyLoss: the row, and the function built from it
+        assert entry.spec is spec
+        fn = entry.fn
         assert fn.__name__ == f"compute_policy_loss_{name}" and spec.description in fn.__doc__

@@ -1,11 +1,19 @@
 """`import verl` alone (no import of rpg) must register every RPG name in every process: verl loads the
-`verl.plugins` entry point and swallows its errors, so this is the test that catches a broken plugin."""
+`verl.plugins` entry point and swallows its errors, so this is the test that catches a broken plugin. Every import
+order registers every name, with no import hook (the plugin imports no rpg module that imports verl)."""
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+PLUGIN = Path(__file__).resolve().parents[1] / "rpg" / "verl_plugin.py"
 
 EXPECTED_LOSSES = sorted(
     [f"rpg_{d}" for d in ("fkl", "rkl", "ufkl", "urkl")]
@@ -33,16 +41,43 @@ def test_plain_import_verl_registers_everything():
     assert got["rpg_imported_before_verl_finished"]
 
 
-import pytest
+INSTALLED = """
+from rpg import install
+print(json.dumps({"installed": [n for n in install.NAMES if install.installed(n)]}))
+"""
 
 
-@pytest.mark.parametrize("first", ["rpg.loss_config", "rpg.losses", "rpg.advantages", "rpg.divergences", "rpg"])
+def _plugin_imports() -> list[str]:
+    """The rpg modules rpg/verl_plugin.py imports at module level."""
+    tree = ast.parse(PLUGIN.read_text())
+    modules = [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module.startswith("rpg.")]
+    modules += [f"rpg.{a.name}" for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "rpg" for a in n.names]
+    assert {"rpg.install", "rpg.loss_table", "rpg.advantages"} <= set(modules), modules
+    return modules
+
+
+# `import rpg` first, then every rpg module the plugin imports, with verl blocked: none of them imports verl, which is
+# what lets verl load the plugin while any rpg module is half-initialised; then verl is unblocked.
+LIGHT = "import sys; sys.modules['verl'] = None\nimport rpg\n" + "".join(f"import {m}\n" for m in _plugin_imports()) + (
+    "assert not [m for m in sys.modules if m.startswith('verl.')]; del sys.modules['verl']\n"
+)
+
+
+@pytest.mark.parametrize("first", ["rpg.loss_config", "rpg.losses", "rpg.advantages", "rpg.schedule_free", "rpg"])
 def test_any_import_order_registers_everything(first):
-    """Importing an rpg module before verl must not break verl's plugin loading (a half-initialised module)."""
-    probe = f"import {first}\n" + PROBE
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    """Importing an rpg module before verl must not break verl's plugin loading (a half-initialised module).
+    `rpg` first: with the plugin's own rpg imports, verl blocked (`LIGHT`). `rpg.schedule_free` first, as a Ray worker
+    of a schedule-free run unpickles its worker class, with `RPG_INSTALL` naming it and the reference adapter: the
+    adapter is installed, the half-initialised module is left out (its trainer is the TaskRunner's, which imports verl
+    first), and the plugin reports no error."""
+    env = dict(os.environ, RPG_INSTALL="ref_log_prob,schedule_free") if first == "rpg.schedule_free" else None
+    probe = (LIGHT if first == "rpg" else f"import {first}\n") + PROBE + INSTALLED
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True, env=env)
+    lines = out.stdout.strip().splitlines()
+    got = {**json.loads(lines[-2]), **json.loads(lines[-1])}
     assert got["losses"] == EXPECTED_LOSSES and got["adv"] == ["rpg", "rpg_batchmean"]
+    assert got["installed"] == (["ref_log_prob"] if env else [])
+    assert "[rpg] error" not in out.stderr
 
 
 def test_registration_is_idempotent():

@@ -3,7 +3,6 @@ recipe shares) with Hydra overrides, in-process, and the error every pre-launch 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 from typing import Sequence
@@ -25,13 +24,10 @@ POLICY_LOSS_PREFIX = "actor_rollout_ref.actor.policy_loss."
 
 def _rpg_only_fields() -> frozenset:
     """The settings `RPGPolicyLossConfig` adds to verl's `PolicyLossConfig` (kl_coef, reference, ...): verl's yaml
-    has no such key, and a recipe passes one only when it sets it (the defaults live in rpg/loss_config.py)."""
-    from rpg.loss_config import RPGPolicyLossConfig
-    from verl.workers.config import PolicyLossConfig
+    has no such key, and a recipe passes one only when it sets it (the defaults live in rpg/loss_options.py)."""
+    from rpg.loss_options import option_names
 
-    return frozenset(f.name for f in dataclasses.fields(RPGPolicyLossConfig)) - {
-        f.name for f in dataclasses.fields(PolicyLossConfig)
-    }
+    return frozenset(option_names())
 
 
 def normalise_overrides(overrides: Sequence[str]) -> list[str]:

@@ -2,8 +2,10 @@
 this interpreter's verl, and the names in the raw Hydra overrides (`policy_loss.loss_mode`, `algorithm.adv_estimator`,
 the `policy_loss.*` options), each refused with the closest valid names and `--list`.
 
-Imports only the standard library and the loss table at module level (`rpg.VERL_FREE`). verl's own names are listed
-here for verl 0.9.1; tests/recipes/test_early_checks_on_cpu.py checks that they equal verl's registries and config
+Imports only the standard library and `rpg.loss_options` at module level (the loss table and the advantage
+estimators, inside functions), none of which imports verl. The RPG names are read from their sources: the options are
+the fields of `rpg.loss_options.RPGOptions`, which `rpg.RPGPolicyLossConfig` is built from. verl's own names are listed
+here for verl 0.9.1; tests/test_launcher_messages_on_cpu.py checks that they equal verl's registries and config
 fields, and that the RPG names equal the ones the plugin registers.
 """
 
@@ -13,6 +15,8 @@ import difflib
 import importlib.util
 import sys
 from typing import Iterable, Optional, Sequence
+
+from rpg.loss_options import option_names
 
 POLICY_LOSS_KEY = "actor_rollout_ref.actor.policy_loss"
 LOSS_MODE_KEY = f"{POLICY_LOSS_KEY}.loss_mode"
@@ -32,13 +36,6 @@ VERL_ADV_ESTIMATORS = (
 VERL_POLICY_LOSS_FIELDS = (
     "_target_", "loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
     "rollout_correction",
-)  # fmt: skip
-# RPG's: `rpg.advantages.ADVANTAGE_ESTIMATORS` and the fields `rpg.loss_config.RPGPolicyLossConfig` adds to verl's.
-RPG_ADV_ESTIMATORS = ("rpg", "rpg_batchmean")
-RPG_OPTIONS = (
-    "kl_coef", "kl_clamp", "branch_on", "kl_ratio", "kl_placement", "reference", "ref_refresh_steps", "ref_refresh_kl",
-    "ref_kl_ema", "base_loss_mode", "kl_credit", "ref_ema_decay", "ref_ema_period", "kl_control", "kl_target",
-    "kl_horizon",
 )  # fmt: skip
 
 LIST_HINT = "python -m rpg.launch --list"
@@ -92,6 +89,13 @@ def _did_you_mean(value: str, names: Iterable[str]) -> str:
     return "did you mean " + " or ".join(repr(c) for c in _closest(value, names)) + "?"
 
 
+def rpg_adv_estimators() -> tuple[str, ...]:
+    """RPG's advantage estimators (`rpg.advantages.ADVANTAGE_ESTIMATORS`, which imports verl only when one runs)."""
+    from rpg.advantages import ADVANTAGE_ESTIMATORS
+
+    return tuple(ADVANTAGE_ESTIMATORS)
+
+
 def policy_loss_names() -> tuple[str, ...]:
     """Every valid `policy_loss.loss_mode`: the loss table's rows, then verl's own losses."""
     from rpg.loss_table import LOSSES
@@ -111,7 +115,8 @@ def _key_value(override: str) -> Optional[tuple[str, str]]:
 def check_overrides(overrides: Sequence[str]) -> list[str]:
     """The problems of the raw overrides' loss_mode, adv_estimator and policy_loss.* keys (empty: none)."""
     problems = []
-    options = (*VERL_POLICY_LOSS_FIELDS, *RPG_OPTIONS)
+    rpg_options = option_names()
+    options = (*VERL_POLICY_LOSS_FIELDS, *rpg_options)
     for override in overrides:
         kv = _key_value(override)
         if kv is None:
@@ -122,18 +127,18 @@ def check_overrides(overrides: Sequence[str]) -> list[str]:
                 f"{LOSS_MODE_KEY}={value!r} is not a policy loss; {_did_you_mean(value, policy_loss_names())} "
                 f"All names: {LIST_HINT}"
             )
-        elif key == ADV_ESTIMATOR_KEY and value not in (*RPG_ADV_ESTIMATORS, *VERL_ADV_ESTIMATORS):
-            names = (*RPG_ADV_ESTIMATORS, *VERL_ADV_ESTIMATORS)
+        elif key == ADV_ESTIMATOR_KEY and value not in (*rpg_adv_estimators(), *VERL_ADV_ESTIMATORS):
+            names = (*rpg_adv_estimators(), *VERL_ADV_ESTIMATORS)
             problems.append(
                 f"{ADV_ESTIMATOR_KEY}={value!r} is not an advantage estimator; {_did_you_mean(value, names)} "
-                f"Valid: RPG's {', '.join(RPG_ADV_ESTIMATORS)}; verl's {', '.join(VERL_ADV_ESTIMATORS)} ({LIST_HINT})"
+                f"Valid: RPG's {', '.join(rpg_adv_estimators())}; verl's {', '.join(VERL_ADV_ESTIMATORS)} ({LIST_HINT})"
             )
         elif key.startswith(POLICY_LOSS_KEY + "."):
             option = key[len(POLICY_LOSS_KEY) + 1 :].split(".")[0]
             if option not in options:
                 problems.append(
                     f"{key}: {option!r} is not an option of the RPG losses or of verl's PolicyLossConfig; "
-                    f"{_did_you_mean(option, options)} RPG's options: {', '.join(RPG_OPTIONS)} (which loss reads "
+                    f"{_did_you_mean(option, options)} RPG's options: {', '.join(rpg_options)} (which loss reads "
                     f"which: {LIST_HINT})"
                 )
     return problems
@@ -157,6 +162,6 @@ def list_text() -> str:
     """`--list`'s lines after the loss table: verl's own names, valid too."""
     return (
         f"\nverl's own policy losses (loss_mode): {', '.join(VERL_POLICY_LOSSES)}\n"
-        f"advantage estimators (algorithm.adv_estimator): RPG's {', '.join(RPG_ADV_ESTIMATORS)}; "
+        f"advantage estimators (algorithm.adv_estimator): RPG's {', '.join(rpg_adv_estimators())}; "
         f"verl's {', '.join(VERL_ADV_ESTIMATORS)}\n"
     )

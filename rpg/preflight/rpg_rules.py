@@ -21,26 +21,18 @@ def is_rpg_loss(loss_mode: str) -> bool:
     return in_loss_table(loss_mode)
 
 
-def _registries():
-    import verl  # noqa: F401  (loads the `verl.plugins` entry points, i.e. registers the RPG losses/estimators)
-
-    # verl swallows plugin import errors; import the plugin explicitly so a broken plugin fails loudly here (and a
-    # registration skipped because `rpg.loss_config` was mid-import when verl loaded its plugins happens now).
-    import rpg.verl_plugin  # noqa: F401
-    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
-
-    return POLICY_LOSS_REGISTRY, ADV_ESTIMATOR_REGISTRY
-
-
 def check_registered(config: DictConfig) -> None:
-    """`policy_loss.loss_mode` and `algorithm.adv_estimator` must be names in verl's registries."""
-    losses, estimators = _registries()
+    """`policy_loss.loss_mode` and `algorithm.adv_estimator` must be names in verl's registries (`import verl` loads
+    the `verl.plugins` entry point `rpg.verl_plugin`, which registers the RPG names)."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as estimators, POLICY_LOSS_REGISTRY as losses
+
     loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
     if loss_mode not in losses:
         rpg_names = sorted(n for n in losses if is_rpg_loss(n))
+        none = "(none registered: verl did not load the rpg plugin; `python -c 'import rpg.verl_plugin'` says why)"
         raise RecipeConfigError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} is not a registered policy loss. "
-            f"RPG losses: {rpg_names or '(none registered: is the rpg plugin installed?)'}; "
+            f"RPG losses: {rpg_names or none}; "
             f"verl built-ins: {sorted(n for n in losses if not is_rpg_loss(n))}"
         )
     adv = config.algorithm.adv_estimator
@@ -50,10 +42,11 @@ def check_registered(config: DictConfig) -> None:
         )
 
 
-def _rpg_policy_loss(config: DictConfig):
-    """Instantiate `actor.policy_loss` as `RPGPolicyLossConfig` (its __post_init__ validates every field against the
-    loss table; it changes nothing outside it: what the run needs from verl is `rpg.install`'s, checked by the
-    launcher's `validate`)."""
+def _rpg_policy_loss(config: DictConfig, built: Any = None):
+    """`actor.policy_loss` as `RPGPolicyLossConfig`: `built` (the one the launcher's `build_verl_configs` built with
+    the actor) if given, else instantiated here (its __post_init__ validates every field against the loss table; it
+    changes nothing outside it: what the run needs from verl is `rpg.install`'s, checked by the launcher's
+    `validate`)."""
     from hydra.errors import InstantiationException
 
     from rpg.loss_config import RPGPolicyLossConfig
@@ -67,6 +60,9 @@ def _rpg_policy_loss(config: DictConfig):
             f"_target_={target!r}; add the override "
             f"actor_rollout_ref.actor.policy_loss._target_={RPG_POLICY_LOSS_TARGETS[0]}"
         )
+    if built is not None:
+        assert isinstance(built, RPGPolicyLossConfig), type(built)
+        return built
     try:
         settings = omega_conf_to_dataclass(_detached(policy_loss))
     except InstantiationException as e:  # hydra wraps the config's own ValueError/RuntimeError: show that one
@@ -208,8 +204,10 @@ RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
 )
 
 
-def validate_rpg(config: DictConfig):
-    """Check the loss rules on a composed config; return the `RPGPolicyLossConfig` (None for verl's own losses).
+def validate_rpg(config: DictConfig, policy_loss: Any = None):
+    """Check the loss rules on a composed config; return the `RPGPolicyLossConfig` (None for verl's own losses):
+    `policy_loss`, the typed `actor.policy_loss` already built from `config` (the launcher's `ValidatedConfig`), if
+    given, else one built here.
 
     The loss table (`rpg.loss_table.LOSSES`, `python -m rpg.launch --list`) drives them. All violations are reported
     together:
@@ -239,7 +237,7 @@ def validate_rpg(config: DictConfig):
     errors = clip_errors(config.actor_rollout_ref.actor, clip_fields(loss_mode), loss_mode)
     settings = None
     if is_rpg_loss(loss_mode):
-        settings = _rpg_policy_loss(config)
+        settings = _rpg_policy_loss(config, policy_loss)
         if settings.spec.family == ADDON:  # the KL add-on: the clip fields its verl base reads
             base = settings.base_loss_mode
             errors += clip_errors(config.actor_rollout_ref.actor, VERL_CLIP_FIELDS.get(base, ()), base)

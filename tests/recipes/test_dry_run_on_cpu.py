@@ -316,6 +316,28 @@ def test_4b_ablations(name: str):
     for key in expected:
         assert (got[key] == expected[key]) is (key in name), key  # each setting only in its own script
     assert ("periodic_reference" in v.install) is (reference in ("periodic", "ema") or "adaptive" in name)
+    assert v.rpg is v.actor.policy_loss  # built once, with the actor; the RPG rules and rpg.install read that object
+
+
+def test_the_rpg_settings_are_built_once_per_validation(monkeypatch):
+    """`rpg.launch.validate` (what a dry run and a launch run) builds `RPGPolicyLossConfig` once, with the typed actor
+    config, and passes that object to the RPG rules and to `rpg.install.selected`; the only other construction is
+    the one inside verl's own `validate_config`, which the launcher runs exactly as verl's main_ppo does."""
+    import traceback
+
+    from rpg.launch import validate
+    from rpg.loss_config import RPGPolicyLossConfig
+
+    built, post_init = [], RPGPolicyLossConfig.__post_init__
+
+    def counted(self):
+        built.append((self, any(f.name == "validate_config" for f in traceback.extract_stack())))
+        post_init(self)
+
+    monkeypatch.setattr(RPGPolicyLossConfig, "__post_init__", counted)
+    v = validate(composed(RECIPE / "4b" / "run_rpg_reinforce_urkl_4k_periodic.sh"))
+    assert v.install == ("ref_log_prob", "periodic_reference")
+    assert [obj for obj, in_verl in built if not in_verl] == [v.rpg] and len(built) == 2
 
 
 # The authors' trainer and engine settings that no script of theirs passes (their verl's defaults; docs/differences.md
