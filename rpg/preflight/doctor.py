@@ -12,7 +12,7 @@ what a local launch would refuse on this node, its checkpoints' disk space, wand
 
 The checks are the launcher's (`rpg.preflight.gpu`, `rpg.preflight.wandb_check`, `rpg.preflight.disk`,
 `rpg.preflight.memory`): the doctor only calls them and prints their answers. Exit status 1 when a line is FAIL.
-It lives in `rpg.preflight`, whose modules do not import verl (`rpg.VERL_FREE`): a broken verl is a line here, not a
+It lives in `rpg.preflight`, whose modules do not import verl at module level: a broken verl is a line here, not a
 doctor that cannot start; only a RECIPE's composition imports verl.
 """
 
