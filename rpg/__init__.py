@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = ["RPGPolicyLossConfig"]
 
 # Modules whose import never imports verl (their verl imports are inside functions): the launcher's early path.
-VERL_FREE = ("rpg.launch", "rpg.preflight", "rpg.loss_table", "rpg.divergences")
+VERL_FREE = ("rpg.launch", "rpg.preflight", "rpg.loss_table", "rpg.divergences", "rpg.modes")
 
 
 def __getattr__(name):  # lazy: `rpg.RPGPolicyLossConfig` (Hydra `_target_`) without importing verl at `import rpg`

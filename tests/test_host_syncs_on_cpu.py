@@ -72,10 +72,10 @@ def _batch(seed=0, bs=4, T=7):
 
 @pytest.mark.parametrize("name, options", list(_cases()))
 def test_one_metrics_transfer_per_loss_call(name, options, monkeypatch):
-    import rpg.reference
+    import rpg.reference.adapter
 
     old, log_prob, ref, adv, mask = _batch()
-    monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: ref)
+    monkeypatch.setattr(rpg.reference.adapter, "current_ref_log_prob", lambda: ref)
     cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2, clip_ratio_low=0.2,
                       clip_ratio_high=0.28, clip_ratio_c=10.0,
                       policy_loss=RPGPolicyLossConfig(loss_mode=name, kl_coef=0.05, reference="frozen", **options))
