@@ -26,7 +26,24 @@ import sys
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from rpg import modes
+
+def _run_modes():
+    """The run-mode table `rpg.modes` (stdlib only): imported with the package, or read from the file next to this
+    one when common.sh runs this file as a script (with any python3, whatever `rpg` it could import)."""
+    if __package__:
+        from rpg import modes
+
+        return modes
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_rpg_modes", Path(__file__).resolve().parents[1] / "modes.py")
+    modes = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = modes  # dataclasses look their module up
+    spec.loader.exec_module(modes)
+    return modes
+
+
+modes = _run_modes()
 
 PLUGIN_MODULE = "rpg.verl_plugin"
 #: Environment variables every launch passes on (printed by RPG_PRINT_ARGV, sent to a Ray job).

@@ -75,7 +75,8 @@ def _state(worker: Any, row: modes.Mode) -> Any:
                 "'actor_rollout_ref' worker: set actor_rollout_ref.actor.use_kl_loss=True (kl_loss_coef=0), no LoRA "
                 "(a LoRA reference is the adapter-free actor), and the hybrid engine (trainer.v1.trainer_mode=sync)."
             )
-        state = STATES[row.name].from_settings(rpg_settings(worker.config.actor), worker.actor, getattr(worker, "ref"))
+        settings = rpg_settings(worker.config.actor)
+        state = STATES[row.name].from_settings(settings, worker.actor, getattr(worker, "ref", None))
     worker.__dict__[attribute] = state
     return state
 
@@ -88,11 +89,23 @@ def worker_states(worker: Any) -> list:
     return [s for row in modes.selected(pl) if (s := _state(worker, row)) is not None]
 
 
-def _wrap_update_actor(orig: Callable) -> Callable:
-    if getattr(orig, MARK, False):
-        return orig
+def _hook(make: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
+    """A hook factory made idempotent: a method that carries the hook is returned as is; the new wrapper keeps the
+    original's metadata (verl's ``@register`` dispatch information) and carries `MARK`."""
 
-    @functools.wraps(orig)
+    @functools.wraps(make)
+    def wrap(orig: Callable) -> Callable:
+        if getattr(orig, MARK, False):
+            return orig
+        wrapper = functools.wraps(orig)(make(orig))
+        setattr(wrapper, MARK, True)
+        return wrapper
+
+    return wrap
+
+
+@_hook
+def _wrap_update_actor(orig: Callable) -> Callable:
     def update_actor(self, data, *args, **kwargs):
         states = worker_states(self)
         if not states:
@@ -120,15 +133,11 @@ def _wrap_update_actor(orig: Callable) -> Callable:
             tu.assign_non_tensor(output, metrics=merged)
         return output
 
-    setattr(update_actor, MARK, True)
     return update_actor
 
 
+@_hook
 def _wrap_save_checkpoint(orig: Callable) -> Callable:
-    if getattr(orig, MARK, False):
-        return orig
-
-    @functools.wraps(orig)
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
         result = orig(self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
         if local_path is not None:
@@ -136,22 +145,17 @@ def _wrap_save_checkpoint(orig: Callable) -> Callable:
                 state.save(local_path, global_step)
         return result
 
-    setattr(save_checkpoint, MARK, True)
     return save_checkpoint
 
 
+@_hook
 def _wrap_load_checkpoint(orig: Callable) -> Callable:
-    if getattr(orig, MARK, False):
-        return orig
-
-    @functools.wraps(orig)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
         if local_path is not None:
             for state in worker_states(self):
                 state.load(local_path)  # before verl's load: it may delete the local checkpoint afterwards
         return orig(self, local_path, hdfs_path, del_local_after_load)
 
-    setattr(load_checkpoint, MARK, True)
     return load_checkpoint
 
 
