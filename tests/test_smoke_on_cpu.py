@@ -215,8 +215,8 @@ def test_smoke_dry_run_forces_every_mode_the_recipe_selects(monkeypatch, tmp_pat
     monkeypatch.setenv("RPG_SMOKE_DIR", str(tmp_path))
     args = recipe_overrides("4b/run_rpg_reinforce_urkl_4k_ema.sh") + [
         "actor_rollout_ref.actor.policy_loss.kl_control=adaptive", "actor_rollout_ref.actor.policy_loss.kl_target=1e-3"]
-    assert compose_config(args).actor_rollout_ref.actor.policy_loss.ref_ema_period == 16
     extra, run = launch.smoke_setup(args, dry_run=True)
+    assert run.full.actor_rollout_ref.actor.policy_loss.ref_ema_period == 16  # the recipe's, before the smoke's
     smoked = compose_and_validate(args + extra).config
     rows = modes.selected(smoked.actor_rollout_ref.actor.policy_loss)
     assert [r.name for r in rows] == ["ema", "adaptive"]
