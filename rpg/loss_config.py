@@ -172,7 +172,8 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
         applies |= {"kl_control", *ctl.option_names}
     where = f"loss_mode={settings.loss_mode!r}" if spec is not None else f"verl's loss_mode={settings.loss_mode!r}"
     messages = []
-    if spec is not None and settings.kl_credit == "sequence" and not spec.divergence.reverse and not ref.reference_model:
+    reverse = spec is not None and spec.divergence.reverse
+    if spec is not None and settings.kl_credit == "sequence" and not reverse and not ref.reference_model:
         messages.append(
             f"actor_rollout_ref.actor.policy_loss.kl_credit='sequence' has no effect on {where} with "
             "reference='iterative': a forward divergence's history follows π_ref = π_old, so its sequence-level "

@@ -10,8 +10,8 @@ resume would be:
    the recipe selects acts at each step, as its row of the run-mode table says (`rpg.modes.smoke_overrides`): the
    periodic reference is refreshed (K = 1) and the EMA reference blended (P = 1) at every step, and each rank checks
    every write (`VERIFY_REFRESH_ENV`: the copy equals the actor, rpg/reference/periodic.py; Σ new = τ·Σ old +
-   (1 − τ)·Σ actor, rpg/reference/ema.py); with schedule-free the checkpoint includes the HF export of the average x
-   (rpg/schedule_free.py);
+   (1 − τ)·Σ actor, rpg/reference/ema.py); with schedule-free the checkpoint includes the HF export of the
+   average x (rpg/schedule_free.py);
 2. launch 2 (`RPG_SMOKE_PHASE=resume`): resumes that checkpoint (`resume_mode=auto`), runs step 2 and validates.
 
 `SMOKE_ROLLOUT=full` (GPU only) keeps the recipe's batch, so the rollout decodes the full `train_batch_size ×
@@ -150,9 +150,9 @@ def smoke_overrides(config, paths: SmokePaths, phase: str = RESUME, rollout: str
     Both launches: train_batch_size = ppo_mini_batch_size = `smoke_batch_size` (one optimizer step per step; the
     recipe's own with `rollout="full"`); `_val_smoke` held-out prompts, no validation before training; the recipe's
     loggers plus console and verl's file logger writing `paths.phase_log(phase)` (its variable set in the Ray runtime
-    environment of every process); checkpoints in `paths.ckpts`; every selected mode acting at each step and every write of the reference weights
-    checked (`rpg.modes.smoke_overrides`, `VERIFY_REFRESH_ENV`); schedule-free's checkpoint with the HF export (x). `SAVE`: step 1, a checkpoint,
-    no validation. `RESUME`: resumes it (resume_mode=auto), step 2, validation after it, no checkpoint. Everything
+    environment of every process); checkpoints in `paths.ckpts`; every selected mode acting at each step and every
+    write of the reference weights checked (`rpg.modes.smoke_overrides`, `VERIFY_REFRESH_ENV`); schedule-free's
+    checkpoint with the HF export (x). `SAVE`: step 1, a checkpoint, no validation. `RESUME`: resumes it (resume_mode=auto), step 2, validation after it, no checkpoint. Everything
     else (model, engines, ranks, memory settings, token budgets, dynamic sampling) is the recipe's.
     """
     out = []

@@ -13,8 +13,8 @@ all-reduced first).
 
 What KL: the loss's own estimate of the chosen divergence to the KL reference (`actor/rpg/kl`, `Divergence.estimate`:
 k3-type, ≥ 0 per token), at the current θ of each micro-batch, token-averaged over the whole training step (all
-mini-batches and epochs) and all ranks (the step's ``loss_kl`` sum, fed by `rpg.losses` and `rpg.kl_addon`). With the iterative reference (π_ref =
-π_old) that is the drift of the policy within one training step (0 on the first micro-batch of every step); with a
+mini-batches and epochs) and all ranks (the step's ``loss_kl`` sum, fed by `rpg.losses` and `rpg.kl_addon`). With
+the iterative reference (π_ref = π_old) that is the drift of the policy within one training step (0 on the first micro-batch of every step); with a
 frozen, periodic or EMA reference it is the KL to that reference.
 
 Metrics (the table's row, `rpg.modes`): ``actor/rpg/kl_coef`` (the β of this step), ``kl_coef_next``,
