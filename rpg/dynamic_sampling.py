@@ -206,15 +206,15 @@ class DrawCount:
                 "template, Qwen3's thinking mode: THINKING / data.apply_chat_template_kwargs.enable_thinking);",
                 "- the answer format: the scorer cannot read the model's final answer (the data's instruction, "
                 "e.g. 'Answer: $Answer', the data_source's scorer, or ground truths in another form);",
-                "- the response length: responses are cut at data.max_response_length before the answer (raise "
-                "RESPONSE_LEN; verl logs response_length/clip_ratio);",
+                "- the response length: responses are cut at data.max_response_length before the answer (raise it "
+                "after the script name: data.max_response_length=<tokens>; verl logs response_length/clip_ratio);",
             ]
         if self.filtered and max(self.filtered) > 0:
             lines.append("- the data is too easy for the model (every response correct).")
         lines.append(
             "Look at a few responses (trainer.rollout_data_dir=DIR writes each step's). To let a step draw more, "
             f"raise {BOUND_KEY} (0: no bound, verl's behaviour); to train without dynamic sampling, set "
-            "algorithm.filter_groups.enable=False (DYNAMIC_SAMPLING=False).")
+            "algorithm.filter_groups.enable=False after the script name.")
         return "\n".join(lines)
 
 

@@ -6,11 +6,11 @@ changes nothing outside it. What a run needs from verl beyond the registered nam
 ====================  ==========================================================  ==================================
 name in RPG_INSTALL   what is installed                                           selected by
 ====================  ==========================================================  ==================================
-``ref_log_prob``      the ref_log_prob adapter around verl's ``ppo_loss``          ``policy_loss.reference`` frozen or
-                      (`rpg.reference.adapter`)                                   periodic, or a loss that reads
-                                                                                  ``ref_log_prob`` (``grpo_wk3``)
-``periodic_reference``  the periodic/EMA-reference and adaptive-β hooks on         ``policy_loss.reference=periodic``
-                      verl's ``ActorRolloutRefWorker`` (`rpg.reference.periodic`)  or ``ema``, or ``kl_control=adaptive``
+``ref_log_prob``      the ref_log_prob adapter around verl's ``ppo_loss``          a reference mode whose row has
+                      (`rpg.reference.adapter`)                                   ``reference_model``, or a loss that
+                                                                                  reads ``ref_log_prob`` (``grpo_wk3``)
+``periodic_reference``  the worker hooks (periodic/EMA reference, adaptive β) on   a reference or KL-control mode whose
+                      verl's ``ActorRolloutRefWorker`` (`rpg.reference.hooks`)     row has ``worker_state``
 ``schedule_free``     the trainer ``schedule_free_sync`` in verl's trainer         ``trainer.v1.trainer_mode=
                       registry (`rpg.schedule_free`)                              schedule_free_sync``
 ====================  ==========================================================  ==================================
@@ -28,8 +28,10 @@ Contract (other modules and branches rely on it):
   runtime environment (``ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL``), which verl's `run_ppo` passes to
   ``ray.init``. Every Ray process then starts with it, on every node, also in a ``RAY_ADDRESS`` job (Ray merges the
   job's and the driver's runtime environments). The dry run's printed config is the one before `export`.
-* `install(names)` installs names directly (tests, in-process tools). `rpg.reference.require`, called by the RPG
+* `install(names)` installs names directly (tests, in-process tools). `require(settings)`, called by the RPG
   losses, fails clearly when what their settings need is not installed in the process that runs them.
+* Which names a reference or KL-control mode needs is its row's ``installs`` in the run-mode table
+  (`rpg.modes`).
 
 A run started without the launcher (``python -m verl.trainer.main_ppo``) that selects one of these modes must name it
 itself: ``+ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL=ref_log_prob,periodic_reference`` (or
@@ -44,26 +46,25 @@ import os
 from types import ModuleType
 from typing import Any, Iterable, Mapping
 
-ENV = "RPG_INSTALL"
-REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE = "ref_log_prob", "periodic_reference", "schedule_free"
-NAMES = (REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE)
+from rpg import modes
 
-__all__ = ["ENV", "NAMES", "check", "export", "install", "install_from_environ", "installed", "names", "selected"]
+ENV = "RPG_INSTALL"
+REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE = modes.REF_LOG_PROB, modes.WORKER_HOOKS, "schedule_free"
+NAMES = (REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE)
+MODULES = {REF_LOG_PROB: "rpg.reference.adapter", PERIODIC_REFERENCE: "rpg.reference.hooks",
+           SCHEDULE_FREE: "rpg.schedule_free"}  # fmt: skip
+WHAT = {REF_LOG_PROB: "the ref_log_prob adapter around verl's ppo_loss",
+        PERIODIC_REFERENCE: "the periodic/EMA-reference and adaptive-β hooks on verl's ActorRolloutRefWorker"}  # fmt: skip
+
+__all__ = ["ENV", "NAMES", "check", "export", "install", "install_from_environ", "installed", "names", "needed",
+           "require", "selected"]  # fmt: skip
 
 
 def _module(name: str) -> ModuleType:
     """The module that implements `name`: it has `check()`, `install()` and `installed()`."""
-    if name == REF_LOG_PROB:
-        from rpg.reference import adapter
+    import importlib
 
-        return adapter
-    if name == PERIODIC_REFERENCE:
-        from rpg.reference import periodic
-
-        return periodic
-    from rpg import schedule_free
-
-    return schedule_free
+    return importlib.import_module(MODULES[name])
 
 
 def names(value: str) -> tuple[str, ...]:
@@ -93,8 +94,7 @@ def installed(name: str) -> bool:
     """Whether `name` is installed in this process (imports nothing)."""
     import sys
 
-    module = {REF_LOG_PROB: "rpg.reference.adapter", PERIODIC_REFERENCE: "rpg.reference.periodic",
-              SCHEDULE_FREE: "rpg.schedule_free"}[name]  # fmt: skip
+    module = MODULES[name]
     return module in sys.modules and sys.modules[module].installed()
 
 
@@ -134,11 +134,29 @@ def selected(config: Any, settings: Any = None) -> tuple[str, ...]:
 
 def needed(settings: Any) -> tuple[str, ...]:
     """The names an `RPGPolicyLossConfig` needs: `ref_log_prob` when the loss reads ``ref_log_prob`` (a reference
-    other than iterative, or a loss such as ``grpo_wk3``), and `periodic_reference` (the worker hooks) for
-    ``reference=periodic|ema`` and for ``kl_control=adaptive``."""
-    out = (REF_LOG_PROB,) if settings.needs_ref_log_prob else ()
-    hooks = settings.reference in ("periodic", "ema") or settings.kl_control == "adaptive"
-    return out + ((PERIODIC_REFERENCE,) if hooks else ())
+    mode with a reference model, or a loss such as ``grpo_wk3``), and what the rows of its reference and KL-control
+    modes install (`rpg.modes`: the worker hooks for periodic, ema, adaptive)."""
+    chosen = {REF_LOG_PROB} if settings.needs_ref_log_prob else set()
+    chosen |= {name for row in modes.selected(settings) for name in row.installs}
+    return tuple(n for n in NAMES if n in chosen)
+
+
+def require(settings: Any) -> None:
+    """Raise RuntimeError naming what `settings` (an `RPGPolicyLossConfig`) needs that is not installed in this
+    process, and the fix. Called by the RPG losses at each call (cheap: a dict lookup per name)."""
+    needed_names = needed(settings)
+    absent = [name for name in needed_names if not installed(name)]
+    if absent:
+        raise RuntimeError(
+            f"loss_mode={settings.loss_mode!r} with reference={settings.reference!r} needs "
+            f"{' and '.join(WHAT[n] for n in absent)}, which is not installed in this process. rpg installs it at "
+            f"`import verl` in every process whose environment has {ENV} naming it (rpg/install.py): "
+            f"`python -m rpg.launch` (every recipe) sets that for the whole run. A run started otherwise (e.g. python "
+            f"-m verl.trainer.main_ppo) needs the override +ray_kwargs.ray_init.runtime_env.env_vars."
+            f"{ENV}={','.join(needed_names)} (or, on a local Ray cluster, export {ENV}={','.join(needed_names)}); "
+            f"in-process code calls rpg.install.install({list(needed_names)}) before the first loss call "
+            f"(docs/reference-modes.md#installation)."
+        )
 
 
 def export(config: Any, selection: Iterable[str], environ: dict = os.environ) -> str:

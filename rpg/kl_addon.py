@@ -26,13 +26,12 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from rpg.loss_config import rpg_settings
 from rpg.divergences import Divergence, guarded_log_ratio
 from rpg.kl_aggregation import addon_kl_agg_mode
 from rpg.kl_credit import SequenceCredit, sequence_credit
 from rpg.loss_table import LossSpec
-from rpg.losses import _ref_log_prob, reference_ratio
-from rpg.reference.adaptive_kl import KL_OBSERVER, current_kl_coef
+from rpg.losses import policy_loss_fn, reference_ratio
+from rpg.reference import step
 
 Tensor = torch.Tensor
 
@@ -109,7 +108,7 @@ def _metrics(term: KLTerm, div: Divergence, kl_loss: Tensor) -> dict[str, float]
             (credit.abs() * valid).sum() if credit is not None else valid.new_zeros(()),
         ]).double().tolist()  # fmt: skip
     n = stats[0]
-    KL_OBSERVER.add(stats[1], n)  # the adaptive β's KL estimate (a no-op unless its training step is on)
+    step.add_loss_kl(stats[1], n)  # the adaptive β's KL estimate (a no-op outside a training step)
     if n == 0:
         return {}
     out = {
@@ -126,39 +125,21 @@ def _metrics(term: KLTerm, div: Divergence, kl_loss: Tensor) -> dict[str, float]
 
 def make_addon_loss(spec: LossSpec):
     """The verl `PolicyLossFn` of an add-on row (`rpg_kl_<div>`): the base loss of `policy_loss.base_loss_mode` plus
-    the exact KL term of `spec.divergence` (module docstring)."""
+    the exact KL term of `spec.divergence` (module docstring), through `rpg.losses.policy_loss_fn`."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     div = spec.divergence
 
-    def policy_loss(
-        old_log_prob: Tensor,
-        log_prob: Tensor,
-        advantages: Tensor,
-        response_mask: Tensor,
-        loss_agg_mode: str = "token-mean",
-        config: Any = None,
-        rollout_is_weights: Optional[Tensor] = None,
-    ) -> tuple[Tensor, dict[str, Any]]:
-        if config is None:
-            raise ValueError(f"{spec.name} needs verl's actor config (policy_loss.base_loss_mode, kl_coef)")
-        settings = rpg_settings(config)
-        base = get_policy_loss_fn(settings.base_loss_mode)
-        base_loss, metrics = base(
+    def term(settings: Any, config: Any, inputs: tuple, ref: Optional[torch.Tensor], beta: float):
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, rollout_is_weights = inputs
+        base_loss, metrics = get_policy_loss_fn(settings.base_loss_mode)(
             old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
         )
-        ref = _ref_log_prob(settings, spec.name)
-        beta = current_kl_coef(settings)  # kl_coef, or the adaptive β of this training step
-        term = kl_term(log_prob, old_log_prob, response_mask, div, beta, ref, settings.kl_credit)
-        loss_mat = term.loss
-        if rollout_is_weights is not None:
-            loss_mat = loss_mat * torch.where(term.mask, rollout_is_weights, 0.0)
-        batch_info = config.get("global_batch_info", None) or {}
-        kl_loss = aggregate_kl(loss_mat, response_mask, loss_agg_mode, batch_info)
-        metrics = dict(metrics or {})
-        metrics.update(_metrics(term, div, kl_loss))
-        return base_loss + kl_loss, metrics
+        kl = kl_term(log_prob, old_log_prob, response_mask, div, beta, ref, settings.kl_credit)
 
-    policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{spec.name}"
-    policy_loss.__doc__ = f"verl policy loss `{spec.name}` ({spec.paper_row}): {spec.description}"
-    return policy_loss
+        def finish(kl_loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+            return base_loss + kl_loss, {**(metrics or {}), **_metrics(kl, div, kl_loss)}
+
+        return kl.loss, kl.mask, finish
+
+    return policy_loss_fn(spec, "policy_loss.base_loss_mode, kl_coef", term, aggregate=aggregate_kl)

@@ -32,13 +32,13 @@ from verl.workers.config import ActorConfig, PolicyLossConfig
 from rpg.kl_credit import KL_CREDIT
 from rpg.loss_options import RPGOptions, option_defaults  # noqa: F401  (option_defaults: public here too)
 from rpg.loss_table import LOSSES, RPG_POLICY_LOSS_TARGETS, LossSpec, base_loss_error, loss_spec  # noqa: F401
-from rpg.refresh_rules import check_ema_settings, check_kl_control_settings, check_refresh_settings
+from rpg import modes
 
 BRANCH_ON = ("effective_advantage", "advantage")
 KL_RATIO = ("clipped", "raw")
 KL_PLACEMENT = ("additive", "inside_clip")
-REFERENCE_MODES = ("iterative", "frozen", "periodic", "ema")
-KL_CONTROLS = ("fixed", "adaptive")
+REFERENCE_MODES = tuple(modes.REFERENCES)  # the rows of the run-mode table (rpg.modes)
+KL_CONTROLS = tuple(modes.KL_CONTROLS)
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -67,18 +67,8 @@ class RPGPolicyLossConfig(RPGOptions, PolicyLossConfig):
         _choice("kl_credit", self.kl_credit, KL_CREDIT)
         if (base_error := base_loss_error(self.base_loss_mode)) is not None:
             raise ValueError(f"RPGPolicyLossConfig: {base_error}")
-        check_refresh_settings(
-            self.ref_refresh_steps, self.ref_refresh_kl, self.ref_kl_ema,
-            owner="RPGPolicyLossConfig" + (".reference='periodic'" if self.reference == "periodic" else ""),
-            names=("ref_refresh_steps (K)", "ref_refresh_kl (κ)", "ref_kl_ema"),
-            need_a_criterion=self.reference == "periodic",
-        )  # fmt: skip
-        check_ema_settings(self.ref_ema_decay, self.ref_ema_period, "RPGPolicyLossConfig")
         _choice("kl_control", self.kl_control, KL_CONTROLS)
-        check_kl_control_settings(
-            self.kl_target, self.kl_horizon, "RPGPolicyLossConfig", adaptive=self.kl_control == "adaptive",
-            kl_coef=self.kl_coef,
-        )
+        modes.check_settings(self)  # every option of the reference and KL-control rows
         ineffective = ineffective_options(self)
         if ineffective:
             raise ValueError("; ".join(ineffective))
@@ -93,12 +83,9 @@ class RPGPolicyLossConfig(RPGOptions, PolicyLossConfig):
     @property
     def needs_ref_log_prob(self) -> bool:
         """True when the loss reads verl's `ref_log_prob`: a non-iterative reference, or a loss such as `grpo_wk3`."""
-        return self.reference != "iterative" or (self.spec is not None and self.spec.needs_reference)
-
-
-PERIODIC_OPTIONS = ("ref_refresh_steps", "ref_refresh_kl", "ref_kl_ema")
-EMA_OPTIONS = ("ref_ema_decay", "ref_ema_period")
-KL_CONTROL_OPTIONS = ("kl_control", "kl_target", "kl_horizon")  # any RPG loss; the target and horizon: adaptive only
+        return modes.reference(self.reference).reference_model or (
+            self.spec is not None and self.spec.needs_reference
+        )
 
 
 def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
@@ -110,18 +97,16 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
     day-long run is a mistake the user wants to hear about before it starts.
     """
     spec = settings.spec
+    ref, ctl = modes.reference(settings.reference), modes.kl_control(settings.kl_control)
     applies = set(spec.options) if spec is not None else set()
-    if settings.reference == "periodic":
-        applies |= {"reference", *PERIODIC_OPTIONS}
-    if settings.reference == "ema":
-        applies |= {"reference", *EMA_OPTIONS}
+    if ref.writes_reference:  # also for verl's own losses: it moves verl's reference model
+        applies |= {"reference", *ref.option_names}
     if spec is not None:
-        applies |= {"kl_control"} | ({"kl_target", "kl_horizon"} if settings.kl_control == "adaptive" else set())
+        applies |= {"kl_control", *ctl.option_names}
     where = f"loss_mode={settings.loss_mode!r}" if spec is not None else f"verl's loss_mode={settings.loss_mode!r}"
     messages = []
-    if spec is not None and settings.kl_credit == "sequence" and not spec.divergence.reverse and (
-        settings.reference == "iterative"
-    ):
+    reverse = spec is not None and spec.divergence.reverse
+    if spec is not None and settings.kl_credit == "sequence" and not reverse and not ref.reference_model:
         messages.append(
             f"actor_rollout_ref.actor.policy_loss.kl_credit='sequence' has no effect on {where} with "
             "reference='iterative': a forward divergence's history follows π_ref = π_old, so its sequence-level "
@@ -132,13 +117,11 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
         value = getattr(settings, name)
         if name in applies or value == default:
             continue
-        if name in PERIODIC_OPTIONS:
-            why = f"it acts only with reference='periodic' (reference={settings.reference!r})"
-        elif name in EMA_OPTIONS:
-            why = f"it acts only with reference='ema' (reference={settings.reference!r})"
-        elif name in KL_CONTROL_OPTIONS and spec is not None:
-            why = f"it acts only with kl_control='adaptive' (kl_control={settings.kl_control!r})"
-        elif name in KL_CONTROL_OPTIONS:
+        owner = modes.option_owner(name)
+        if owner is not None and (spec is not None or owner.setting == "reference"):
+            now = getattr(settings, owner.setting)
+            why = f"it acts only with {owner.setting}={owner.name!r} ({owner.setting}={now!r})"
+        elif owner is not None or name == "kl_control":
             why = "the adaptive β drives the RPG losses' kl_coef; verl's own losses have none (verl's kl_loss_coef)"
         elif spec is None:
             why = "verl's own losses read no RPG option (reference='periodic' refreshes verl's reference model)"

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from rpg import modes  # the run-mode table: the mode options' defaults
+
 
 @dataclass
 class RPGOptions:
@@ -68,17 +70,17 @@ class RPGOptions:
     branch_on: str = "effective_advantage"
     kl_ratio: str = "clipped"
     kl_placement: str = "additive"
-    reference: str = "iterative"
-    ref_refresh_steps: int = 0
-    ref_refresh_kl: float = 0.0
-    ref_kl_ema: float = 0.9
+    reference: str = modes.DEFAULTS["reference"]
+    ref_refresh_steps: int = modes.OPTION_DEFAULTS["ref_refresh_steps"]
+    ref_refresh_kl: float = modes.OPTION_DEFAULTS["ref_refresh_kl"]
+    ref_kl_ema: float = modes.OPTION_DEFAULTS["ref_kl_ema"]
     base_loss_mode: str = "vanilla"
     kl_credit: str = "token"
-    ref_ema_decay: float = 0.99
-    ref_ema_period: int = 1
-    kl_control: str = "fixed"
-    kl_target: float = 0.0
-    kl_horizon: float = 10.0
+    ref_ema_decay: float = modes.OPTION_DEFAULTS["ref_ema_decay"]
+    ref_ema_period: int = modes.OPTION_DEFAULTS["ref_ema_period"]
+    kl_control: str = modes.DEFAULTS["kl_control"]
+    kl_target: float = modes.OPTION_DEFAULTS["kl_target"]
+    kl_horizon: float = modes.OPTION_DEFAULTS["kl_horizon"]
 
 
 def option_defaults() -> dict[str, Any]:

@@ -47,13 +47,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
-from rpg import reference
+from rpg.install import require
 from rpg.loss_config import RPGPolicyLossConfig, clip_settings, rpg_settings
-from rpg.reference.adaptive_kl import KL_OBSERVER
+from rpg.reference import adapter, step
 from rpg.divergences import LOG_RATIO_GUARD, Divergence, guarded_log_ratio, scaled_ratio
 from rpg.kl_credit import credited_kl_weight, sequence_credit
 from rpg.loss_table import (  # noqa: F401  (re-exported: rpg.launch and the tests import them from here)
@@ -333,7 +333,7 @@ def _metrics(out: TokenLoss, div: Divergence, beta: float) -> dict[str, float]:
     """
     s = dict(zip(STATISTICS, metric_statistics(out, div, beta).tolist()))
     n = s["n"]
-    KL_OBSERVER.add(s["sum_kl"], n)  # the adaptive β's KL estimate (a no-op unless its training step is on)
+    step.add_loss_kl(s["sum_kl"], n)  # the adaptive β's KL estimate (a no-op outside a training step)
     if n == 0:
         return {}
     left = [0.0, s["n_pos_grad"], s["n_pos"], s["n_pos_or_low"], s["n_not_flat_c"], n]
@@ -357,8 +357,8 @@ def _ref_log_prob(settings: RPGPolicyLossConfig, loss_name: str) -> Optional[Ten
     """The reference log-probs of the current micro-batch, or None for the iterative reference (ρ ≡ 1)."""
     if not settings.needs_ref_log_prob:
         return None
-    reference.require(settings)  # the adapter is installed in this process
-    ref = reference.current_ref_log_prob()
+    require(settings)  # the adapter is installed in this process
+    ref = adapter.current_ref_log_prob()
     if ref is None:
         raise ValueError(
             f"{loss_name} with reference={settings.reference!r} needs the reference model's log-probs, but verl did "
@@ -370,19 +370,28 @@ def _ref_log_prob(settings: RPGPolicyLossConfig, loss_name: str) -> Optional[Ten
     return ref
 
 
-def make_policy_loss(spec: LossSpec):
-    """Build the verl `PolicyLossFn` of one row of the loss table.
+def _agg_loss(loss_mat: Tensor, mask: Tensor, loss_agg_mode: str, batch_info: dict) -> Tensor:
+    """verl's `agg_loss` in the run's `loss_agg_mode` over the global batch."""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=loss_agg_mode, **batch_info)
+
+
+def policy_loss_fn(spec: LossSpec, config_use: str, term: Callable[..., tuple[Tensor, Tensor, Callable]],
+                   aggregate: Callable[[Tensor, Tensor, str, dict], Tensor] = _agg_loss):  # fmt: skip
+    """verl's `PolicyLossFn` of one loss-table row around `term`, the part that differs between the RPG losses and
+    the KL add-on.
 
     The returned function has verl 0.9.1's signature `(old_log_prob, log_prob, advantages, response_mask,
     loss_agg_mode, config, rollout_is_weights) -> (loss, metrics)`; `config` is verl's ActorConfig whose
-    `policy_loss` is an `RPGPolicyLossConfig` (validated when it was built: options, bypass mode). The per-token loss
-    is multiplied by `rollout_is_weights` (verl's TIS correction of the rollout/π_old mismatch, as in verl's vanilla
-    loss; it applies to the KL term too, whose expectation is also over π_old) and aggregated with verl's `agg_loss`
-    over the global batch. One device→host transfer per call (the metrics).
+    `policy_loss` is an `RPGPolicyLossConfig`. It reads the settings, the reference log-probs (`_ref_log_prob`) and
+    β (`rpg.reference.step.kl_coef`: kl_coef, or the adaptive β of this training step), calls
+    `term(settings, config, inputs, ref, beta) -> (per-token loss, mask, finish)` with `inputs` the first five
+    arguments and `rollout_is_weights`, multiplies the per-token loss by `rollout_is_weights` (verl's TIS correction
+    of the rollout/π_old mismatch, as in verl's vanilla loss) on the mask, aggregates it over the global batch with
+    `aggregate(loss, mask, loss_agg_mode, global_batch_info)` (verl's `agg_loss` in the run's mode; the add-on's KL:
+    a length-independent denominator, `rpg.kl_addon.aggregate_kl`) and returns `finish(aggregated loss)`.
     """
-    from verl.trainer.ppo.core_algos import agg_loss
-
-    div = spec.divergence
 
     def policy_loss(
         old_log_prob: Tensor,
@@ -394,11 +403,30 @@ def make_policy_loss(spec: LossSpec):
         rollout_is_weights: Optional[Tensor] = None,
     ) -> tuple[Tensor, dict[str, Any]]:
         if config is None:
-            raise ValueError(f"{spec.name} needs verl's actor config (clip ratios, policy_loss settings)")
+            raise ValueError(f"{spec.name} needs verl's actor config ({config_use})")
         settings = rpg_settings(config)
+        inputs = (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, rollout_is_weights)
+        loss_mat, mask, finish = term(settings, config, inputs, _ref_log_prob(settings, spec.name),
+                                      step.kl_coef(settings))  # fmt: skip
+        if rollout_is_weights is not None:
+            loss_mat = loss_mat * torch.where(mask, rollout_is_weights, 0.0)
+        batch_info = config.get("global_batch_info", None) or {}
+        return finish(aggregate(loss_mat, response_mask, loss_agg_mode, batch_info))
+
+    policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{spec.name}"
+    policy_loss.__doc__ = f"verl policy loss `{spec.name}` ({spec.paper_row}): {spec.description}"
+    return policy_loss
+
+
+def make_policy_loss(spec: LossSpec):
+    """Build the verl `PolicyLossFn` of one RPG row of the loss table (`policy_loss_fn`): the clip fields the row
+    reads are validated at each call; the per-token loss of its family. One device→host transfer per call (the
+    metrics)."""
+    div = spec.divergence
+
+    def term(settings: RPGPolicyLossConfig, config: Any, inputs: tuple, ref: Optional[Tensor], beta: float):
+        old_log_prob, log_prob, advantages, response_mask = inputs[:4]
         clip = ClipParams(*clip_settings(config, spec.clip_fields, spec.name))
-        ref = _ref_log_prob(settings, spec.name)
-        beta = reference.current_kl_coef(settings)  # kl_coef, or the adaptive β of this training step
         if spec.family == FD:
             out = rpg_fully_differentiable(
                 log_prob, old_log_prob, advantages, response_mask, div, beta, clip,
@@ -410,13 +438,6 @@ def make_policy_loss(spec: LossSpec):
                 branch_on=settings.branch_on, kl_ratio=settings.kl_ratio, hard_clip=spec.family == HARDCLIP,
                 ref_log_prob=ref, kl_credit=settings.kl_credit,
             )  # fmt: skip
-        loss_mat = out.loss
-        if rollout_is_weights is not None:
-            loss_mat = loss_mat * torch.where(out.mask, rollout_is_weights, 0.0)
-        batch_info = config.get("global_batch_info", None) or {}
-        loss = agg_loss(loss_mat=loss_mat, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
-        return loss, _metrics(out, div, beta)
+        return out.loss, out.mask, lambda loss: (loss, _metrics(out, div, beta))
 
-    policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{spec.name}"
-    policy_loss.__doc__ = f"verl policy loss `{spec.name}` ({spec.paper_row}): {spec.description}"
-    return policy_loss
+    return policy_loss_fn(spec, "clip ratios, policy_loss settings", term)

@@ -6,14 +6,16 @@ one short validation. It goes through the moments that otherwise fail late, in t
 resume would be:
 
 1. launch 1 (`RPG_SMOKE_PHASE=save`): step 1, then a checkpoint under the smoke folder (`RPG_SMOKE_DIR`/ckpts/<exp>,
-   never the run's CKPTS_DIR: it must neither replace a user's checkpoint nor be resumed by the real run); with the
-   periodic reference the refresh is forced at every step (K = 1) and each rank checks that the reference equals the
-   actor after it (rpg/reference/periodic.py, `VERIFY_REFRESH_ENV`); with schedule-free the checkpoint includes the
-   HF export of the average x (rpg/schedule_free.py);
+   never the run's CKPTS_DIR: it must neither replace a user's checkpoint nor be resumed by the real run); every mode
+   the recipe selects acts at each step, as its row of the run-mode table says (`rpg.modes.smoke_overrides`): the
+   periodic reference is refreshed (K = 1) and the EMA reference blended (P = 1) at every step, and each rank checks
+   every write (`VERIFY_REFRESH_ENV`: the copy equals the actor, rpg/reference/periodic.py; Σ new = τ·Σ old +
+   (1 − τ)·Σ actor, rpg/reference/ema.py); with schedule-free the checkpoint includes the HF export of the
+   average x (rpg/schedule_free.py);
 2. launch 2 (`RPG_SMOKE_PHASE=resume`): resumes that checkpoint (`resume_mode=auto`), runs step 2 and validates.
 
 `SMOKE_ROLLOUT=full` (GPU only) keeps the recipe's batch, so the rollout decodes the full `train_batch_size ×
-rollout.n` sequences and reaches the KV-cache and sampler peak. The launcher (`rpg.launch.run_smoke`) runs both
+rollout.n` sequences and reaches the KV-cache and sampler peak. `run_launches` (below; called by `rpg.launch`) runs both
 launches with a `GpuMemorySampler` started, then prints `summarize(logs, recipe config, sampler, wall seconds)`: per
 phase the seconds per step and the measured peak memory, and the projected wall time of the full run.
 """
@@ -31,11 +33,14 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
+from rpg import modes
+from rpg.preflight.recipe_argv import hydra_str
+
 SMOKE_ENV = "SMOKE"
 ROLLOUT_ENV = "SMOKE_ROLLOUT"  # small (default) | full
 PHASE_ENV = "RPG_SMOKE_PHASE"  # set by the launcher for its two launches
 SAVE, RESUME = "save", "resume"
-VERIFY_REFRESH_ENV = "RPG_SMOKE_VERIFY_REFRESH"  # read by rpg.reference.periodic in the workers
+VERIFY_REFRESH_ENV = modes.VERIFY_ENV  # read by the reference modes' state in the workers (rpg/reference/written.py)
 MARKER = ".rpg-smoke"  # marks a smoke checkpoint folder (a later smoke run may replace it)
 SMOKE_STEPS, SMOKE_TEST_FREQ = 2, 2  # validate once, after step 2 (verl validates on the last step if test_freq > 0)
 GIB = 1024**3
@@ -60,10 +65,6 @@ def smoke_rollout(environ=os.environ) -> str:
         raise ValueError(f"{ROLLOUT_ENV}={environ[ROLLOUT_ENV]!r} is not valid; use small (default) or full (the "
                          "recipe's whole batch: the rollout's KV-cache and sampler peak, GPU runs only)")  # fmt: skip
     return value
-
-
-def uses_periodic_reference(config) -> bool:
-    return str((config.actor_rollout_ref.actor.get("policy_loss", {}) or {}).get("reference", "")) == "periodic"
 
 
 def uses_schedule_free(config) -> bool:
@@ -132,18 +133,6 @@ def smoke_batch_size(config) -> int:
     return p
 
 
-def _hydra_str(s: str) -> str:
-    """`s` as a single-quoted Hydra value composing to exactly `s` (the escapes of common.sh's _rpg_hydra_str)."""
-    out, bs = "", ""
-    for i, c in enumerate(s):
-        if c == "\\":
-            bs += c
-            continue
-        quote = c == "'" or (c == "$" and s[i + 1 : i + 2] == "{")
-        out, bs = out + (bs * 2 + "\\" + c if quote else bs + c), ""
-    return f"'{out}{bs * 2}'"
-
-
 def _loggers(config) -> list[str]:
     """The recipe's loggers, plus console and verl's file logger (the report reads its log)."""
     configured = config.trainer.get("logger", None) or []
@@ -152,7 +141,7 @@ def _loggers(config) -> list[str]:
 
 
 def _env(name: str, value: str) -> str:
-    return f"++ray_kwargs.ray_init.runtime_env.env_vars.{name}={_hydra_str(value)}"
+    return f"++ray_kwargs.ray_init.runtime_env.env_vars.{name}={hydra_str(value)}"
 
 
 def smoke_overrides(config, paths: SmokePaths, phase: str = RESUME, rollout: str = "small") -> list[str]:
@@ -161,9 +150,9 @@ def smoke_overrides(config, paths: SmokePaths, phase: str = RESUME, rollout: str
     Both launches: train_batch_size = ppo_mini_batch_size = `smoke_batch_size` (one optimizer step per step; the
     recipe's own with `rollout="full"`); `_val_smoke` held-out prompts, no validation before training; the recipe's
     loggers plus console and verl's file logger writing `paths.phase_log(phase)` (its variable set in the Ray runtime
-    environment of every process); checkpoints in `paths.ckpts`; the periodic reference refreshed at every step and
-    checked (`VERIFY_REFRESH_ENV`); schedule-free's checkpoint with the HF export (x). `SAVE`: step 1, a checkpoint,
-    no validation. `RESUME`: resumes it (resume_mode=auto), step 2, validation after it, no checkpoint. Everything
+    environment of every process); checkpoints in `paths.ckpts`; every selected mode acting at each step and every
+    write of the reference weights checked (`rpg.modes.smoke_overrides`, `VERIFY_REFRESH_ENV`); schedule-free's
+    checkpoint with the HF export (x). `SAVE`: step 1, a checkpoint, no validation. `RESUME`: resumes it (resume_mode=auto), step 2, validation after it, no checkpoint. Everything
     else (model, engines, ranks, memory settings, token budgets, dynamic sampling) is the recipe's.
     """
     out = []
@@ -172,9 +161,9 @@ def smoke_overrides(config, paths: SmokePaths, phase: str = RESUME, rollout: str
         out += [f"data.train_batch_size={p}", f"actor_rollout_ref.actor.ppo_mini_batch_size={p}"]
     out += [f"data.val_max_samples={_val_smoke(config)}", "trainer.val_before_train=False",
             f"trainer.logger=[{','.join(_loggers(config))}]", _env("VERL_FILE_LOGGER_PATH", str(paths.phase_log(phase))),
-            f"trainer.default_local_dir={_hydra_str(str(paths.ckpts))}"]  # fmt: skip
-    if uses_periodic_reference(config):
-        out += ["+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=1", _env(VERIFY_REFRESH_ENV, "1")]
+            f"trainer.default_local_dir={hydra_str(str(paths.ckpts))}"]  # fmt: skip
+    forced, check = modes.smoke_overrides(config.actor_rollout_ref.actor.get("policy_loss", {}) or {})
+    out += forced + ([_env(VERIFY_REFRESH_ENV, "1")] if check else [])
     if uses_schedule_free(config):
         contents = list(config.actor_rollout_ref.actor.checkpoint.get("save_contents", ["model", "optimizer", "extra"]))
         out.append(f"actor_rollout_ref.actor.checkpoint.save_contents=[{','.join(dict.fromkeys([*contents, 'hf_model']))}]")

@@ -72,10 +72,10 @@ def _batch(seed=0, bs=4, T=7):
 
 @pytest.mark.parametrize("name, options", list(_cases()))
 def test_one_metrics_transfer_per_loss_call(name, options, monkeypatch):
-    import rpg.reference
+    import rpg.reference.adapter
 
     old, log_prob, ref, adv, mask = _batch()
-    monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: ref)
+    monkeypatch.setattr(rpg.reference.adapter, "current_ref_log_prob", lambda: ref)
     cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2, clip_ratio_low=0.2,
                       clip_ratio_high=0.28, clip_ratio_c=10.0,
                       policy_loss=RPGPolicyLossConfig(loss_mode=name, kl_coef=0.05, reference="frozen", **options))
@@ -90,16 +90,19 @@ def test_one_metrics_transfer_per_loss_call(name, options, monkeypatch):
     assert rec.calls == [], rec.calls
 
 
-def test_the_kl_meter_transfers_once_per_training_step():
+def test_the_steps_reference_kl_transfers_once_per_training_step():
+    """The training step's reverse-KL sum (what the adapter adds per micro-batch, rpg/reference/step.py) stays on the
+    device until `sums()`, one transfer per training step."""
+    from rpg.reference.step import TrainingStep
+
     old, log_prob, ref, _, mask = _batch(1)
-    meter = adapter._KLMeter()
-    meter.start()
+    step = TrainingStep(measure_ref_kl=True)
     with SyncRecorder() as rec:
         for _ in range(3):  # three micro-batches
-            meter.add(log_prob, old, ref, mask)
+            step.add_ref_kl(torch.stack(adapter.token_kl_to_reference(log_prob, old, ref, mask)))
     assert rec.calls == [], rec.calls
     with SyncRecorder() as rec:
-        kl_sum, tokens = meter.stop()
+        kl_sum, tokens, _, _ = step.sums()
     assert len(rec.calls) <= 1, rec.calls
     assert isinstance(kl_sum, float) and tokens == 3 * mask.sum().item()
 

@@ -23,7 +23,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss
 from verl_batch import actor_config
 
 import rpg.kl_addon
-import rpg.reference
+import rpg.reference.adapter
 from rpg.loss_table import ADDON_BASES
 from rpg_oracles import DIVS
 
@@ -46,7 +46,7 @@ def call(name, cfg, old, log_prob, adv, mask, weights=None, ref=None, agg=None, 
     lp = log_prob.detach().clone().requires_grad_(True)
     torch.manual_seed(seed)  # clip_cov's random token selection
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rpg.reference, "current_ref_log_prob", lambda: ref)
+        mp.setattr(rpg.reference.adapter, "current_ref_log_prob", lambda: ref)
         loss, metrics = POLICY_LOSS_REGISTRY[name](old, lp, adv, mask, agg or cfg.loss_agg_mode, cfg, weights)
     (g,) = torch.autograd.grad(loss, lp, allow_unused=True)
     return loss.detach(), (torch.zeros_like(lp) if g is None else g), metrics
@@ -352,11 +352,12 @@ def test_addon_with_an_ema_reference_and_an_adaptive_beta(base, monkeypatch):
     """ρ from an EMA reference reaches the add-on as from a frozen one (same ref_log_prob, same numbers), and with
     kl_control='adaptive' the add-on uses the controller's β of this training step (not kl_coef) and feeds the
     controller's KL estimate."""
-    from rpg.reference.adaptive_kl import KL_OBSERVER, AdaptiveKLCoef, activate
+    from rpg.reference.adaptive_kl import AdaptiveBeta, AdaptiveKLCoef
+    from rpg.reference.step import TrainingStep, running
 
     # the EMA blend itself runs in verl's worker (the hooks RPG_INSTALL=periodic_reference installs; tests/ranks):
     # here the loss only reads the shipped ref_log_prob, as for `frozen`
-    monkeypatch.setattr(rpg.reference, "require", lambda settings: None)
+    monkeypatch.setattr("rpg.losses.require", lambda settings: None)
     old, log_prob, adv, mask, ref, weights = random_batch(7)
     frozen = call("rpg_kl_urkl", cfg_for("rpg_kl_urkl", base, reference="frozen"), old, log_prob, adv, mask, ref=ref)
     ema = call("rpg_kl_urkl", cfg_for("rpg_kl_urkl", base, reference="ema"), old, log_prob, adv, mask, ref=ref)
@@ -368,13 +369,10 @@ def test_addon_with_an_ema_reference_and_an_adaptive_beta(base, monkeypatch):
     adaptive_cfg = cfg_for("rpg_kl_urkl", base, reference="ema", kl_control="adaptive", kl_target=0.01)
     controller = AdaptiveKLCoef(BETA, target=0.01, horizon=10.0)
     controller.value = beta_now
-    activate(controller)
-    KL_OBSERVER.start()
-    try:
+    with running(TrainingStep()) as step:  # as the worker hooks open it (rpg/reference/hooks.py)
+        AdaptiveBeta(controller).start_step(step)
         got = call("rpg_kl_urkl", adaptive_cfg, old, log_prob, adv, mask, ref=ref)
-    finally:
-        kl_sum, tokens = KL_OBSERVER.stop()
-        activate(None)
+    _, _, kl_sum, tokens = step.sums()
     assert torch.equal(got[0], fixed[0]) and torch.equal(got[1], fixed[1])
     assert not torch.equal(got[0], ema[0])  # β changed the loss: the check can fail
     assert tokens == mask.sum().item() and kl_sum / tokens == pytest.approx(got[2]["actor/rpg/kl"])

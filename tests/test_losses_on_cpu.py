@@ -202,7 +202,7 @@ def test_extreme_ratios_and_padding_garbage_stay_finite(name, extreme, monkeypat
     old, lp, adv, mask = _garbage_batch(extreme)
     if L.LOSSES[name].needs_reference:  # grpo_wk3 needs ref log-probs
         ref = torch.where(mask, old - 1.0, torch.tensor(float("nan")))
-        monkeypatch.setattr("rpg.reference.current_ref_log_prob", lambda: ref, raising=False)
+        monkeypatch.setattr("rpg.reference.adapter.current_ref_log_prob", lambda: ref, raising=False)
     cfg = actor_config(name, kl_coef=1e-4)
     for agg in AGG_MODES:
         lp_ = lp.detach().clone().requires_grad_(True)
@@ -316,15 +316,15 @@ def test_through_verls_ppo_loss(name):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# non-iterative references reach the loss through rpg.reference.current_ref_log_prob
+# non-iterative references reach the loss through rpg.reference.adapter.current_ref_log_prob
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["rpg_ufkl", "rpg_reinforce_rkl", "grpo_wk3"])
 def test_frozen_reference_uses_the_shipped_ref_log_prob(name, monkeypatch):
-    import rpg.reference
+    import rpg.reference.adapter
 
     old, log_prob, adv, mask = random_batch(12)
     ref = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1), dtype=old.dtype)
-    monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: ref)
+    monkeypatch.setattr(rpg.reference.adapter, "current_ref_log_prob", lambda: ref)
     cfg = actor_config(name, kl_coef=0.1, reference="frozen")
     loss, grad, metrics = _registered(name, old, log_prob, adv, mask, cfg)
     family, div = L.LOSSES[name].family, L.LOSSES[name].divergence
@@ -338,7 +338,7 @@ def test_frozen_reference_uses_the_shipped_ref_log_prob(name, monkeypatch):
     iterative, _, _ = _registered(name.replace("grpo_wk3", "rpg_urkl"), old, log_prob, adv, mask,
                                   actor_config(name.replace("grpo_wk3", "rpg_urkl"), kl_coef=0.1))  # fmt: skip
     assert not torch.allclose(loss, iterative)  # ρ ≠ 1 really changes the loss
-    monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: None)
+    monkeypatch.setattr(rpg.reference.adapter, "current_ref_log_prob", lambda: None)
     with pytest.raises(ValueError, match="use_kl_loss=True"):
         _registered(name, old, log_prob, adv, mask, cfg)
 
@@ -359,11 +359,11 @@ def _loss_settings():
 def test_logged_kl_is_the_closed_form_estimate_with_a_reference(name, settings, monkeypatch):
     """actor/rpg/kl = mean over valid tokens of ρ·k3(w/ρ) (forward divergences) or w·k3(ρ/w) (reverse ones),
     written here from k3(y) = y − 1 − log y with Python's math, for a frozen reference (ρ a tensor)."""
-    import rpg.reference
+    import rpg.reference.adapter
 
     old, log_prob, adv, mask = random_batch(13, spread=0.8)
     ref = old + 0.7 * torch.randn(old.shape, generator=torch.Generator().manual_seed(2), dtype=old.dtype)
-    monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: ref)
+    monkeypatch.setattr(rpg.reference.adapter, "current_ref_log_prob", lambda: ref)
     cfg = actor_config(name, kl_coef=0.1, reference="frozen", **settings)
     _, _, metrics = _registered(name, old, log_prob, adv, mask, cfg)
 

@@ -150,7 +150,7 @@ def expected(name, options, lw, lr, a):
 # ---- the test -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, options, reference, dtype", CASES)
 def test_finite_and_exact_up_to_the_guard(name, options, reference, dtype, monkeypatch):
-    import rpg.reference
+    import rpg.reference.adapter
 
     assert L.LOG_RATIO_GUARD == 60.0 and max(GRID) == L.LOG_RATIO_GUARD
     log_rhos = GRID if reference == "frozen" else [0.0]
@@ -163,7 +163,7 @@ def test_finite_and_exact_up_to_the_guard(name, options, reference, dtype, monke
     mask = torch.ones_like(old, dtype=torch.bool)
     ref = (OLD + lr_t).to(dtype)
     needs_ref = reference == "frozen" or L.LOSSES[name].needs_reference
-    monkeypatch.setattr(rpg.reference, "current_ref_log_prob", lambda: ref if needs_ref else None)
+    monkeypatch.setattr(rpg.reference.adapter, "current_ref_log_prob", lambda: ref if needs_ref else None)
     settings = RPGPolicyLossConfig(loss_mode=name, kl_coef=BETA, **options,
                                    **({"reference": "frozen"} if reference == "frozen" else {}))  # fmt: skip
     cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2, clip_ratio_low=EPS_LOW,

@@ -200,3 +200,29 @@ def test_sampler_is_a_no_op_without_nvml_or_nvidia_smi(monkeypatch):
     sampler = smoke.GpuMemorySampler(interval_s=0.01).start()
     sampler.stop()
     assert sampler.backend is None and sampler._thread is None and sampler.peaks == {} and sampler.totals == {}
+
+
+def test_smoke_dry_run_forces_every_mode_the_recipe_selects(monkeypatch, tmp_path):
+    """`SMOKE=1 RPG_DRY_RUN=1` of the EMA script with an adaptive β, in-process: the smoke launch forces what the rows
+    of the run-mode table say (rpg/modes.py): the EMA period 1 (the recipe's 16 would never blend in a 1-step launch),
+    and every rank's check of each blend (`VERIFY_REFRESH_ENV`)."""
+    from omegaconf import OmegaConf
+
+    from rpg import launch, modes
+
+    monkeypatch.setenv("SMOKE", "1")
+    monkeypatch.setenv("RPG_DRY_RUN", "1")
+    monkeypatch.setenv("RPG_SMOKE_DIR", str(tmp_path))
+    args = recipe_overrides("4b/run_rpg_reinforce_urkl_4k_ema.sh") + [
+        "actor_rollout_ref.actor.policy_loss.kl_control=adaptive", "actor_rollout_ref.actor.policy_loss.kl_target=1e-3"]
+    extra, run = launch.smoke_setup(args, dry_run=True)
+    assert run.full.actor_rollout_ref.actor.policy_loss.ref_ema_period == 16  # the recipe's, before the smoke's
+    smoked = compose_and_validate(args + extra).config
+    rows = modes.selected(smoked.actor_rollout_ref.actor.policy_loss)
+    assert [r.name for r in rows] == ["ema", "adaptive"]
+    forced = [o for r in rows for o in r.smoke]
+    assert forced == ["+actor_rollout_ref.actor.policy_loss.ref_ema_period=1"]
+    for override in forced:
+        key, value = override.lstrip("+").split("=")
+        assert str(OmegaConf.select(smoked, key)) == value
+    assert smoked.ray_kwargs.ray_init.runtime_env.env_vars[smoke.VERIFY_REFRESH_ENV] == "1"

@@ -26,7 +26,7 @@ from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weig
 from verl.workers.config import ActorConfig
 
 import rpg.losses as L
-import rpg.reference
+import rpg.reference.adapter
 from rpg.loss_config import RPGPolicyLossConfig
 from rpg_oracles import K, grad_log_pi
 
@@ -59,7 +59,7 @@ def tis_weights(log_old: torch.Tensor, log_mu: torch.Tensor, mask: torch.Tensor,
 @contextmanager
 def shipped_ref_log_prob(ref: Optional[torch.Tensor]):
     """Make `ref` the `ref_log_prob` verl ships to the loss (what `rpg.reference`'s adapter provides in a run)."""
-    with mock.patch.object(rpg.reference, "current_ref_log_prob", lambda: ref):
+    with mock.patch.object(rpg.reference.adapter, "current_ref_log_prob", lambda: ref):
         yield
 
 

@@ -7,8 +7,8 @@ the config.json on disk or in the HF cache, or the shipped table of the recipe m
 * actor weights (`save_contents` has `model`): P × the FSDP model dtype's bytes (fp32: 4);
 * optimizer states (`optimizer`): P × 4 bytes × the optimizer's fp32 states (AdamW, schedule-free: 2);
 * the HF export (`hf_model`): P × the model dtype's bytes;
-* the reference weights the periodic and EMA references save next to the actor's (rpg/reference/periodic.py): P ×
-  the reference's FSDP model dtype's bytes (fp32 for EMA);
+* the reference weights a mode that writes them saves next to the actor's (`rpg.modes.checkpoint_bytes`: periodic,
+  EMA): P × the reference's FSDP model dtype's bytes (fp32 for EMA);
 
 times the checkpoints on disk at once: verl writes a new one before it deletes the oldest, so
 `max_actor_ckpt_to_keep` + 1 (or every save of the run when nothing is deleted). A launch that saves refuses when the
@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from rpg.modes import checkpoint_bytes
 from rpg.preflight.memory import DTYPE_BYTES, load_model_shape, optimizer_states
 
 GB = 1e9
@@ -72,10 +73,8 @@ def estimate(config: Any) -> CheckpointEstimate:
         parts[f"optimizer states ({states} fp32 per parameter)"] = p * 4 * states
     if "hf_model" in contents:
         parts["HF export"] = p * weight
-    reference = str((actor.get("policy_loss", {}) or {}).get("reference", ""))
-    if reference in ("periodic", "ema"):  # rpg_reference/ next to the actor's checkpoint
-        parts[f"{'EMA' if reference == 'ema' else reference} reference weights"] = p * _dtype_bytes(
-            arr.ref.get("fsdp_config", {}))
+    # rpg_reference/ next to the actor's checkpoint
+    parts.update(checkpoint_bytes(actor.get("policy_loss", {}) or {}, p, _dtype_bytes(arr.ref.get("fsdp_config", {}))))
     n, keep = saves(config), config.trainer.get("max_actor_ckpt_to_keep", None)
     if keep is not None and int(keep) > 0 and int(keep) < n:
         copies, why = int(keep) + 1, f"trainer.max_actor_ckpt_to_keep={keep} + 1 being written"

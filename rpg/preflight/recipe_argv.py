@@ -26,6 +26,25 @@ import sys
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
+
+def _run_modes():
+    """The run-mode table `rpg.modes` (stdlib only): imported with the package, or read from the file next to this
+    one when common.sh runs this file as a script (with any python3, whatever `rpg` it could import)."""
+    if __package__:
+        from rpg import modes
+
+        return modes
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_rpg_modes", Path(__file__).resolve().parents[1] / "modes.py")
+    modes = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = modes  # dataclasses look their module up
+    spec.loader.exec_module(modes)
+    return modes
+
+
+modes = _run_modes()
+
 PLUGIN_MODULE = "rpg.verl_plugin"
 #: Environment variables every launch passes on (printed by RPG_PRINT_ARGV, sent to a Ray job).
 FORWARDED_ENV = ("VERL_USE_EXTERNAL_MODULES", "RPG_DRY_RUN", "WANDB_MODE", "SMOKE", "RPG_SMOKE_DIR", "SMOKE_ROLLOUT",
@@ -218,27 +237,24 @@ def late_overrides(env: Dict[str, str], args: List[str]) -> List[str]:
     mode = _choice(env, "TRAINER_MODE")
     if env.get("TRAINER_MODE") and (mode != "sync" or _last(args, "trainer.v1.trainer_mode")):
         out.append(f"trainer.v1.trainer_mode={mode}")
-    for knob_names, key, value in MODE_KNOBS:  # a mode's own knobs, for the scripts that select the mode
-        for name in knob_names:
+    for row in MODE_KNOBS:  # a mode's own knobs, for the scripts that select the mode
+        key, value = row.key, row.name
+        for name in row.knobs:
             if not env.get(name):
                 continue
-            if _last(args, key) != value:  # never silently dropped
+            if _last(args, key) != value:  # never silently dropped: the refusal names everything the mode needs
                 raise KnobError(
                     f"{name}={env[name]} is exported, but it is a knob of the {key.rsplit('.', 1)[1]}={value} mode, "
                     f"which this script does not select ({key}={_last(args, key) or 'its default'}). Unset {name}, or "
-                    f"select the mode: add {key}={value} after the script name"
+                    f"select the mode: add {row.whole_fix()} after the script name (docs/reference-modes.md#one-override)"
                 )
             out.append(f"{next(k.key for k in KNOBS if k.name == name)}={env[name]}")
     return out
 
 
-#: The knobs of a mode (names, and the script override that selects the mode): honoured for the scripts that select
-#: it, and passed after the script's line (they win over its values).
-MODE_KNOBS = (
-    (("REF_REFRESH_STEPS", "REF_REFRESH_KL"), "actor_rollout_ref.actor.policy_loss.reference", "periodic"),
-    (("REF_EMA_DECAY", "REF_EMA_PERIOD"), "actor_rollout_ref.actor.policy_loss.reference", "ema"),
-    (("KL_TARGET", "KL_HORIZON"), "actor_rollout_ref.actor.policy_loss.kl_control", "adaptive"),
-)
+#: The rows of the run-mode table with knobs (`rpg.modes.Mode.knobs`): honoured for the scripts that select the mode
+#: (`Mode.key`=`Mode.name`), and passed after the script's line (they win over its values).
+MODE_KNOBS = tuple(row for row in modes.ROWS if row.knobs)
 
 
 CPU_DEFAULTS = {"CPU_STEPS": "40", "CPU_BATCH": "16", "CPU_N": "8", "CPU_LR": "1e-4", "CPU_TEST_FREQ": "10",

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from rpg import modes
 from rpg.preflight.compose import RecipeConfigError
 from rpg.preflight.inputs import RESUME_MODES, _knob, _rule_context_fits_model, _rule_data_sources_scored
 
@@ -116,7 +117,7 @@ def _rule_fsdp2_for_tested_features(config: DictConfig) -> Optional[str]:
     parameter swaps) are tested on FSDP2 only: refuse them with verl's FSDP1 (`strategy=fsdp`)."""
     arr = config.actor_rollout_ref
     features = []
-    if arr.actor.policy_loss.get("reference", None) in ("periodic", "ema"):
+    if modes.selected(arr.actor.policy_loss)[0].writes_reference:
         features.append(f"policy_loss.reference={arr.actor.policy_loss.reference}")
     optim = arr.actor.get("optim", None) or {}
     trainer_mode = (config.trainer.get("v1", None) or {}).get("trainer_mode", None)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig
 
+from rpg import modes
 from rpg.kl_aggregation import rule_kl_aggregation
 from rpg.loss_table import RPG_POLICY_LOSS_TARGETS
 from rpg.preflight.compose import RecipeConfigError, _detached
@@ -131,13 +132,9 @@ def _rule_reference_model(config: DictConfig, settings) -> Optional[str]:
     return None
 
 
-WRITTEN_REFERENCES = ("periodic", "ema")  # the reference modes that write the reference engine's weights
-
-
 def _hooked_features(settings) -> list[str]:
-    """The settings that run through the worker hooks of `rpg.reference.periodic`."""
-    features = [f"policy_loss.reference={settings.reference}"] if settings.reference in WRITTEN_REFERENCES else []
-    return features + (["policy_loss.kl_control=adaptive"] if settings.kl_control == "adaptive" else [])
+    """The settings that run through the worker hooks of `rpg.reference.hooks` (the rows with worker state)."""
+    return [f"policy_loss.{row.setting}={row.name}" for row in modes.selected(settings) if row.worker_state]
 
 
 def _rule_periodic_not_separate_async(config: DictConfig, settings) -> Optional[str]:
@@ -158,7 +155,8 @@ def _rule_written_reference_engine(config: DictConfig, settings) -> Optional[str
     """periodic/ema write the reference engine's weights from the actor's in the actor's process: verl's fused
     actor+reference worker with FSDP engines (no LoRA: a LoRA reference is the adapter-free actor, no engine of its
     own); ema also needs the reference stored in fp32 (the blend is in place)."""
-    if settings.reference not in WRITTEN_REFERENCES:
+    row = modes.reference(settings.reference)
+    if not row.writes_reference:
         return None
     arr, problems = config.actor_rollout_ref, []
     strategies = {role: str(arr[role].get("strategy", "fsdp2")) for role in ("actor", "ref")}
@@ -170,7 +168,7 @@ def _rule_written_reference_engine(config: DictConfig, settings) -> Optional[str
         problems.append(f"actor_rollout_ref.model.lora_rank={lora} (a LoRA run has no reference engine: its reference "
                         f"is the adapter-free actor; set lora_rank=0 or reference=frozen)")  # fmt: skip
     dtype = str(((arr.ref.get("fsdp_config", None) or {}).get("model_dtype", None)) or "fp32")
-    if settings.reference == "ema" and dtype not in ("fp32", "float32"):
+    if row.fp32_reference and dtype not in ("fp32", "float32"):
         problems.append(f"actor_rollout_ref.ref.fsdp_config.model_dtype={dtype} (the EMA blend is done in place on "
                         f"the reference's shards and needs fp32 storage: a bf16 blend at τ≈0.99 never moves; set "
                         f"fp32)")  # fmt: skip
@@ -180,8 +178,8 @@ def _rule_written_reference_engine(config: DictConfig, settings) -> Optional[str
 
 
 def _rule_no_adaptive_kl_ctrl(config: DictConfig, settings) -> Optional[str]:
-    ctrl = config.algorithm.get("kl_ctrl", None) or {}
-    if ctrl.get("type", "fixed") != "adaptive":
+    ctrl = config.algorithm.get("kl_ctrl", None) or {}  # verl's own controller types carry the same names
+    if not modes.KL_CONTROLS.get(str(ctrl.get("type", None)), modes.KL_CONTROLS["fixed"]).moves_beta:
         return None
     return (
         "algorithm.kl_ctrl.type=adaptive next to an RPG loss: verl's controller adapts only the in-reward KL "

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 from omegaconf import DictConfig
 
+from rpg import modes
 from rpg.loss_table import loss_spec
 from rpg.preflight.gpu import is_gpu_run, runtime_problems
 from rpg.preflight.prompts import unchecked_reason
@@ -25,22 +26,15 @@ def _loss(config: DictConfig) -> list[tuple[str, str]]:
     spec = loss_spec(str(pl.loss_mode))
     adv = f"advantage {config.algorithm.adv_estimator}"
     if spec is not None:
-        reference = str(pl.get("reference", "iterative"))
+        ref_row, control_row = modes.selected(pl)
         loss = f"{pl.loss_mode} ({spec.paper_row})"
         if pl.get("base_loss_mode") and spec.name.startswith("rpg_kl_"):
             loss += f" over verl's {pl.base_loss_mode}"
         if pl.get("kl_credit", "token") != "token":
             loss += f", KL credit {pl.kl_credit}"
-        beta = f"β = {pl.get('kl_coef', 1e-4):g} (policy_loss.kl_coef)"
-        if pl.get("kl_control", "fixed") == "adaptive":
-            beta = (f"adaptive: β starts at {pl.get('kl_coef', 1e-4):g}, target KL {pl.get('kl_target')}, horizon "
-                    f"{pl.get('kl_horizon', 10.0)} steps (policy_loss.kl_control)")
-        if reference == "ema":
-            reference += f" (τ {pl.get('ref_ema_decay', 0.99)}, every {pl.get('ref_ema_period', 1)} optimizer steps)"
-        elif reference == "periodic":
-            reference += f" (K {pl.get('ref_refresh_steps', 0)}, κ {pl.get('ref_refresh_kl', 0.0)})"
-        rows = [("loss", f"{loss}, {adv}"), ("beta", beta),
-                ("reference", reference + (" (π_ref = π_old, no reference model)" * (reference == "iterative")))]
+        kl_coef = pl.get("kl_coef", 1e-4)
+        rows = [("loss", f"{loss}, {adv}"), ("beta", modes.describe(control_row, pl, kl_coef)),
+                ("reference", modes.describe(ref_row, pl, kl_coef))]
     else:
         kl = (f"verl's KL loss {actor.kl_loss_type}, coef {actor.kl_loss_coef:g}" if actor.use_kl_loss
               else "no KL loss") + (", KL in reward" if config.algorithm.use_kl_in_reward else "")  # fmt: skip

@@ -5,8 +5,8 @@ config, rollout_is_weights)`: no `ref_log_prob`, although verl's actor loss `ver
 receives the micro-batch that carries it whenever verl built its reference model (`actor.use_kl_loss=True`). There is
 no extension point for this, so `install()` wraps that one function: the wrapper pads `ref_log_prob` exactly as
 `ppo_loss` pads `old_log_probs` and publishes it in a `contextvars.ContextVar` for the duration of the call, where a
-registered loss reads it with `current_ref_log_prob()`. The same wrapper feeds `KL_METER`, the token KL the periodic
-reference's κ criterion needs (`rpg.reference.periodic`).
+registered loss reads it with `current_ref_log_prob()`. The same wrapper adds the token KL to the reference to the
+current training step (`rpg.reference.step.TrainingStep.add_ref_kl`): what the periodic reference's κ criterion reads.
 
 `install()` replaces `ppo_loss` in `verl.workers.utils.losses` and the copy `verl.workers.engine_workers` binds with
 `from ... import ppo_loss`, after checking the verl version and `ppo_loss`'s signature (`rpg.compat`). It runs only
@@ -26,8 +26,9 @@ import torch
 
 from rpg.compat import SUPPORTED_VERL, require_signature, require_version
 from rpg.divergences import guarded_log_ratio, w_k3
+from rpg.reference.step import current as current_step
 
-__all__ = ["KL_METER", "check", "current_ref_log_prob", "install", "installed", "token_kl_to_reference"]
+__all__ = ["check", "current_ref_log_prob", "install", "installed", "token_kl_to_reference"]
 
 Tensor = torch.Tensor
 
@@ -73,33 +74,6 @@ def token_kl_to_reference(
         return torch.where(m, kl, 0.0).sum(), m.sum(dtype=torch.float64)
 
 
-class _KLMeter:
-    """Accumulates Σ_tokens KL and #tokens over one training step (detached, float64), fed by the ppo_loss wrapper.
-
-    The sums stay on the device (`add` never synchronises); `stop` transfers both at once."""
-
-    def __init__(self) -> None:
-        self.active = False
-        self._sums: Optional[Tensor] = None
-
-    def start(self) -> None:
-        self.active, self._sums = True, None
-
-    def stop(self) -> tuple[float, float]:
-        self.active = False
-        if self._sums is None:
-            return 0.0, 0.0
-        kl_sum, tokens = self._sums.tolist()  # the one device→host transfer of the training step
-        self._sums = None
-        return kl_sum, tokens
-
-    def add(self, log_prob: Tensor, old_log_prob: Tensor, ref_log_prob: Tensor, mask: Tensor) -> None:
-        sums = torch.stack(token_kl_to_reference(log_prob, old_log_prob, ref_log_prob, mask))
-        self._sums = sums if self._sums is None else self._sums + sums
-
-
-KL_METER = _KLMeter()
-
 _WRAPPERS: dict[int, tuple[Callable, Callable]] = {}  # id(original) -> (original, wrapper)
 
 
@@ -114,12 +88,14 @@ def _wrap_ppo_loss(orig: Callable) -> Callable:
         ref = None
         if "ref_log_prob" in data.keys():
             ref = data.select("ref_log_prob").to_padded_tensor()["ref_log_prob"].detach()
-        if ref is not None and KL_METER.active:
+        step = current_step()
+        if ref is not None and step is not None and step.measure_ref_kl:  # the periodic reference's κ reads it
             from verl.workers.utils.padding import no_padding_2_padding
 
             padded = data.select("old_log_probs", "response_mask").to_padded_tensor()
             log_prob = no_padding_2_padding(model_output["log_probs"], data)
-            KL_METER.add(log_prob, padded["old_log_probs"], ref, padded["response_mask"])
+            step.add_ref_kl(torch.stack(token_kl_to_reference(log_prob, padded["old_log_probs"], ref,
+                                                              padded["response_mask"])))  # fmt: skip
         token = _CURRENT_REF_LOG_PROB.set(ref)
         try:
             return orig(config, model_output, data, dp_group=dp_group)

@@ -7,26 +7,35 @@ Per training step t, with the KL estimate KL_t averaged over the step's tokens a
 
 β_1 = `kl_coef`. H (`kl_horizon`) counts *training steps* (verl's horizon counts sequences, `n_steps` = batch size:
 verl's H_v with B sequences per step is H = H_v / B here; Ziegler's K_β = 1/H). β is constant within a training step:
-the losses read `current_kl_coef(settings)`; the controller is updated at the end of `update_actor`
-(`rpg.reference.periodic`, the worker hooks), identically on every rank (the KL is all-reduced first).
+the losses read the β of the training step (`rpg.reference.step.kl_coef`); the controller is updated at the end of
+`update_actor` (`AdaptiveBeta`, built by the worker hooks `rpg.reference.hooks`), identically on every rank (the KL is
+all-reduced first).
 
 What KL: the loss's own estimate of the chosen divergence to the KL reference (`actor/rpg/kl`, `Divergence.estimate`:
 k3-type, ≥ 0 per token), at the current θ of each micro-batch, token-averaged over the whole training step (all
-mini-batches and epochs) and all ranks (`KL_OBSERVER`, fed by `rpg.losses`). With the iterative reference (π_ref =
-π_old) that is the drift of the policy within one training step (0 on the first micro-batch of every step); with a
+mini-batches and epochs) and all ranks (the step's ``loss_kl`` sum, fed by `rpg.losses` and `rpg.kl_addon`). With
+the iterative reference (π_ref = π_old) that is the drift of the policy within one training step (0 on the first micro-batch of every step); with a
 frozen, periodic or EMA reference it is the KL to that reference.
 
-Pure Python except `KL_OBSERVER` (floats already on the host: the losses' one metric transfer).
+Metrics (the table's row, `rpg.modes`): ``actor/rpg/kl_coef`` (the β of this step), ``kl_coef_next``,
+``kl_ctrl_kl``. ``global_step_N/actor/rpg_kl_control.json`` (rank 0, atomic; read by rank 0 on resume and broadcast)
+stores the controller.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import Any, Optional
 
-from rpg.refresh_rules import check_kl_control_settings
+from rpg.atomic import atomic_write_json
+from rpg import modes
+from rpg.modes import check_kl_control_settings
+from rpg.reference.ranks import barrier, dist_ready, rank, reject_constant
+from rpg.reference.step import TrainingStep
 
-__all__ = ["AdaptiveKLCoef", "KL_OBSERVER", "current_kl_coef", "ERROR_CLIP"]
+__all__ = ["AdaptiveBeta", "AdaptiveKLCoef", "ERROR_CLIP"]
 
 ERROR_CLIP = 0.2  # verl's AdaptiveKLController and Ziegler et al. 2019
 
@@ -74,46 +83,71 @@ class AdaptiveKLCoef:
         self.value, self.updates, self.last_kl = float(value), updates, None if last is None else float(last)
 
 
-class _KLObserver:
-    """Σ KL̂ and #tokens of the loss's KL estimate over one training step (host floats), fed by `rpg.losses`."""
-
-    def __init__(self) -> None:
-        self.active = False
-        self.kl_sum = self.tokens = 0.0
-
-    def start(self) -> None:
-        self.active, self.kl_sum, self.tokens = True, 0.0, 0.0
-
-    def add(self, kl_sum: float, tokens: float) -> None:
-        if self.active:
-            self.kl_sum += kl_sum
-            self.tokens += tokens
-
-    def stop(self) -> tuple[float, float]:
-        self.active = False
-        return self.kl_sum, self.tokens
+KL_CONTROL_FILE = "rpg_kl_control.json"
+STATE_VERSION = 1
 
 
-KL_OBSERVER = _KLObserver()
-_ACTIVE: list[AdaptiveKLCoef] = []  # the controller of this worker process (set by the worker hooks)
+class AdaptiveBeta:
+    """The ``adaptive`` row's worker state: the controller, the β of each training step, its checkpoint."""
 
+    row = modes.KL_CONTROLS["adaptive"]
 
-def activate(controller: Optional[AdaptiveKLCoef]) -> None:
-    """Make `controller` the one `current_kl_coef` reads in this process (None: none)."""
-    _ACTIVE[:] = [] if controller is None else [controller]
+    def __init__(self, controller: AdaptiveKLCoef):
+        self.controller = controller
 
+    @classmethod
+    def from_settings(cls, settings: Any, actor: Any, ref: Any) -> "AdaptiveBeta":
+        return cls(AdaptiveKLCoef(settings.kl_coef, settings.kl_target, settings.kl_horizon))
 
-def current_kl_coef(settings: Any) -> float:
-    """β for the loss now: `settings.kl_coef` with kl_control='fixed', else the active controller's value.
+    def start_step(self, step: TrainingStep) -> None:
+        step.beta, step.measure_loss_kl = self.controller.value, True  # the β the losses read during this step
 
-    Raises RuntimeError when kl_control='adaptive' and no controller is active in this process (the loss was called
-    outside verl's actor worker `update_actor`, where the hooks of `rpg.reference.periodic` build it)."""
-    if getattr(settings, "kl_control", "fixed") != "adaptive":
-        return settings.kl_coef
-    if not _ACTIVE:
-        raise RuntimeError(
-            "kl_control='adaptive': no adaptive-β controller is active in this process. It is built by rpg's hooks "
-            "on verl's ActorRolloutRefWorker.update_actor (rpg/reference/periodic.py); the loss was called outside "
-            "it. Use kl_control='fixed' there, or call rpg.reference.adaptive_kl.activate(controller) first."
-        )
-    return _ACTIVE[0].value
+    def end_step(self, ref_kl: Optional[float], loss_kl: Optional[float]) -> dict[str, float]:
+        used = self.controller.value
+        self.controller.update(loss_kl)
+        metrics = {"kl_coef": used, "kl_coef_next": self.controller.value}
+        if loss_kl is not None:
+            metrics["kl_ctrl_kl"] = loss_kl
+        return metrics
+
+    def save(self, local_path: str, global_step: int) -> None:
+        """Rank 0 writes ``<local_path>/rpg_kl_control.json`` (atomically; floats round-trip exactly through JSON)."""
+        if rank() == 0:
+            payload = {"version": STATE_VERSION, "global_step": int(global_step),
+                       "controller": self.controller.state_dict()}  # fmt: skip
+            atomic_write_json(os.path.join(local_path, KL_CONTROL_FILE), payload, indent=2, sort_keys=True)
+        barrier()
+
+    def load(self, local_path: str) -> None:
+        """Rank 0 reads the controller state saved by `save` and broadcasts it (only rank 0's node needs the file);
+        every rank raises the same error when it is missing (saved with kl_control='fixed') or corrupt."""
+        import torch
+
+        path = os.path.join(local_path, KL_CONTROL_FILE)
+        message: list = [None]
+        if rank() == 0:
+            try:
+                with open(path) as f:
+                    payload = json.load(f, parse_constant=reject_constant)
+                if not isinstance(payload, dict) or payload.get("version") != STATE_VERSION:
+                    raise ValueError(f"unsupported state version (this rpg-verl reads {STATE_VERSION})")
+                message[0] = ("ok", payload["controller"])
+            except FileNotFoundError:
+                message[0] = ("missing", None)
+            except (ValueError, KeyError, TypeError) as e:
+                message[0] = ("corrupt", str(e))
+        if dist_ready() and torch.distributed.get_world_size() > 1:
+            torch.distributed.broadcast_object_list(message, src=0)
+        status, value = message[0]
+        if status == "missing":
+            raise RuntimeError(
+                f"kl_control='adaptive' cannot resume from {local_path}: it has no {path} (the checkpoint was saved "
+                "with kl_control='fixed', or without rpg-verl), so β at that step is unknown. Resume with the "
+                "kl_control it was trained with, or start a new run from its weights with trainer.resume_mode=disable."
+            )
+        try:
+            if status == "corrupt":
+                raise ValueError(value)
+            self.controller.load_state_dict(value)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"corrupt adaptive-β state {path}: {e}") from e

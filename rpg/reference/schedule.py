@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rpg.refresh_rules import check_refresh_settings
+from rpg.modes import check_refresh_settings
 
 __all__ = ["ReferenceState", "RefreshSchedule"]
 

@@ -23,13 +23,6 @@ GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "igno
 LENGTH = 20
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from tiny_qwen2 import save_random_qwen2
-
-    return save_random_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
-
-
 def make_server(path):
     return HFRolloutServer({"prompt_length": 16, "response_length": LENGTH, "seed": 3}, {"path": path})
 
@@ -74,9 +67,9 @@ def teacher_forced(model, prompt, response):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
-def test_abort_returns_partial_responses_and_resume_continues_under_new_weights(tiny_dir):
-    server = make_server(tiny_dir)
-    reference = make_server(tiny_dir)  # the uninterrupted decode under the start weights
+def test_abort_returns_partial_responses_and_resume_continues_under_new_weights(tiny_qwen2_dir):
+    server = make_server(tiny_qwen2_dir)
+    reference = make_server(tiny_qwen2_dir)  # the uninterrupted decode under the start weights
     full = run_all(reference, PROMPTS)
     hook = PausingForward(server.model, pause_at=5)
     server.model.forward = hook
@@ -117,9 +110,9 @@ def test_abort_returns_partial_responses_and_resume_continues_under_new_weights(
     assert (torch.tensor(resumed.log_probs) - stale).abs().max() > 1e-3, "the continuation used the old weights"
 
 
-def test_unchanged_weights_resume_to_the_uninterrupted_response(tiny_dir):
+def test_unchanged_weights_resume_to_the_uninterrupted_response(tiny_qwen2_dir):
     """Abort + resubmission (what FullyAsyncLLMServerClient does) without a weight change is invisible."""
-    server, reference = make_server(tiny_dir), make_server(tiny_dir)
+    server, reference = make_server(tiny_qwen2_dir), make_server(tiny_qwen2_dir)
     full = asyncio.run(reference.generate(PROMPTS[2], dict(GREEDY), "r"))
     hook = PausingForward(server.model, pause_at=8)
     server.model.forward = hook
@@ -144,8 +137,8 @@ def test_unchanged_weights_resume_to_the_uninterrupted_response(tiny_dir):
                                atol=1e-5, rtol=1e-5)
 
 
-def test_queued_requests_abort_empty_and_a_rejecting_gate_answers_at_once(tiny_dir):
-    server = make_server(tiny_dir)
+def test_queued_requests_abort_empty_and_a_rejecting_gate_answers_at_once(tiny_qwen2_dir):
+    server = make_server(tiny_qwen2_dir)
 
     async def scenario():
         server._window = 5.0  # requests stay queued: the batching window has not elapsed
@@ -166,9 +159,9 @@ def test_queued_requests_abort_empty_and_a_rejecting_gate_answers_at_once(tiny_d
     assert served.stop_reason == "completed" and len(served.token_ids) == LENGTH
 
 
-def test_sync_trainer_path_is_unchanged(tiny_dir):
+def test_sync_trainer_path_is_unchanged(tiny_qwen2_dir):
     """Without an abort nothing changes: every request completes, tagged with the current version."""
-    server = make_server(tiny_dir)
+    server = make_server(tiny_qwen2_dir)
     outs = run_all(server, PROMPTS)
     assert all(o.stop_reason == "completed" and len(o.token_ids) == LENGTH for o in outs)
     assert {o.extra_fields["global_steps"] for o in outs} == {0}

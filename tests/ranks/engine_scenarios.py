@@ -199,7 +199,7 @@ def _periodic_step(worker, step: int, rank: int, world_size: int, reductions: li
     (pre-all-reduce) KL sums of this rank and what every rank checks after the step."""
     from verl.utils import tensordict_utils as tu
 
-    from rpg.reference.periodic import _engine_module
+    from rpg.reference.weights import engine_module as _engine_module
 
     tensors = chunk(padded_batch(_PERIODIC_BATCH, seed=100 + step), rank, world_size)
     td = to_td(tensors)
@@ -228,11 +228,11 @@ def _periodic_step(worker, step: int, rank: int, world_size: int, reductions: li
 
 
 def _record_reductions(reductions: list) -> None:
-    import rpg.reference.periodic as reference
+    import rpg.reference.hooks as reference
 
-    if getattr(reference._all_reduce_sum, "_recording", False):
-        reference._all_reduce_sum = reference._all_reduce_sum.__wrapped__
-    orig = reference._all_reduce_sum
+    if getattr(reference.all_reduce_sum, "_recording", False):
+        reference.all_reduce_sum = reference.all_reduce_sum.__wrapped__
+    orig = reference.all_reduce_sum
 
     @functools.wraps(orig)
     def recording(values):
@@ -241,7 +241,7 @@ def _record_reductions(reductions: list) -> None:
         return out
 
     recording._recording = True
-    reference._all_reduce_sum = recording
+    reference.all_reduce_sum = recording
 
 
 def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, refresh_steps: int,
@@ -249,7 +249,7 @@ def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, 
     """Train `steps` steps with a periodic reference (K = refresh_steps, κ = refresh_kl); checkpoint at `save_at`,
     then resume from it in a fresh worker and train the remaining steps. Returns what each rank observed."""
     from rpg import install
-    from rpg.reference.periodic import _engine_module
+    from rpg.reference.weights import engine_module as _engine_module
 
     install.install([install.REF_LOG_PROB, install.PERIODIC_REFERENCE])  # what RPG_INSTALL names in a run
     reductions: list = []
@@ -260,9 +260,9 @@ def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, 
         out["steps"].append(_periodic_step(worker, step, rank, world_size, reductions))
         if step == save_at:
             worker.save_checkpoint(ckpt_dir, global_step=step)
-            out["saved_schedule"] = worker._rpg_periodic_reference.schedule.state_dict()
+            out["saved_schedule"] = worker._rpg_reference.schedule.state_dict()
             saved_ref = local_state(_engine_module(worker.ref, "reference"))
-    out["final_schedule"] = worker._rpg_periodic_reference.schedule.state_dict()
+    out["final_schedule"] = worker._rpg_reference.schedule.state_dict()
     final_ref = local_state(_engine_module(worker.ref, "reference"))
     if save_at is None:
         return out
@@ -270,12 +270,12 @@ def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, 
     resumed = _periodic_worker(model_dir, world_size, refresh_steps, refresh_kl)
     initial_ref = local_state(_engine_module(resumed.ref, "reference"))
     resumed.load_checkpoint(ckpt_dir)
-    out["loaded_schedule"] = resumed._rpg_periodic_reference.schedule.state_dict()
+    out["loaded_schedule"] = resumed._rpg_reference.schedule.state_dict()
     out["loaded_ref_equal_saved"] = equal_states(local_state(_engine_module(resumed.ref, "reference")), saved_ref)
     out["saved_ref_differs_from_initial"] = not equal_states(saved_ref, initial_ref)
     for step in range(save_at + 1, steps + 1):
         out["resumed_steps"].append(_periodic_step(resumed, step, rank, world_size, reductions))
-    out["resumed_final_schedule"] = resumed._rpg_periodic_reference.schedule.state_dict()
+    out["resumed_final_schedule"] = resumed._rpg_reference.schedule.state_dict()
     resumed_ref = local_state(_engine_module(resumed.ref, "reference"))
     out["resumed_ref_max_diff"] = max(float((resumed_ref[k] - final_ref[k]).abs().max()) for k in final_ref)
     return out
@@ -306,6 +306,9 @@ def _reference_step(worker, step: int, rank: int, world_size: int, decay: Option
     tu.assign_non_tensor(td, compute_loss=True, global_batch_size=_PERIODIC_MINI, mini_batch_size=_PERIODIC_MINI,
                          epochs=1, seed=0, dataloader_kwargs={"shuffle": False})  # fmt: skip
     before = _params64(reference)
+    state = getattr(worker, "_rpg_reference", None)
+    if state is not None and hasattr(state, "last_check"):
+        state.last_check = None  # SMOKE=1's in-worker check of this step's blend (rpg/reference/ema.py)
     metrics = _metrics(worker.update_actor(td))
     out = {"step": step, **{k.removeprefix("actor/rpg/"): v[0] for k, v in metrics.items()
                             if k.startswith("actor/rpg/ref_") or k.startswith("actor/rpg/kl_c")}}  # fmt: skip
@@ -315,13 +318,26 @@ def _reference_step(worker, step: int, rank: int, world_size: int, decay: Option
                                for k in after)  # fmt: skip
         out["moved"] = max(float((after[k] - before[k]).abs().max()) for k in after)
         out["gap_to_actor"] = max(float((after[k] - theta[k]).abs().max()) for k in after)
+        out["worker_blend_check"] = worker._rpg_reference.last_check
     return out
 
 
 def ema_reference(rank: int, world_size: int, model_dir: str, ckpt_dir: str, reference: list[str], steps: int,
                   decay: Optional[float] = None, save_at: Optional[int] = None) -> dict[str, Any]:  # fmt: skip
     """Train `steps` steps with the policy_loss overrides `reference`; checkpoint at `save_at`, then resume from it in
-    a fresh worker and train the remaining steps. Returns per-step metrics and what each rank observed."""
+    a fresh worker and train the remaining steps. Returns per-step metrics and what each rank observed. Each write of
+    the reference weights is checked in the worker, as SMOKE=1 does (`rpg.modes.VERIFY_ENV`)."""
+    from rpg.modes import VERIFY_ENV
+
+    os.environ[VERIFY_ENV] = "1"
+    try:
+        return _ema_reference(rank, world_size, model_dir, ckpt_dir, reference, steps, decay, save_at)
+    finally:
+        os.environ.pop(VERIFY_ENV)
+
+
+def _ema_reference(rank: int, world_size: int, model_dir: str, ckpt_dir: str, reference: list[str], steps: int,
+                   decay: Optional[float], save_at: Optional[int]) -> dict[str, Any]:  # fmt: skip
     from rpg.reference.weights import engine_module
 
     worker = _periodic_worker(model_dir, world_size, 0, 0.0, reference=reference)
@@ -331,7 +347,7 @@ def ema_reference(rank: int, world_size: int, model_dir: str, ckpt_dir: str, ref
         if step == save_at:
             worker.save_checkpoint(ckpt_dir, global_step=step)
             saved_ref = local_state(engine_module(worker.ref, "reference"))
-            saved_beta = worker._rpg_kl_controller.state_dict() if worker._rpg_kl_controller else None
+            saved_beta = worker._rpg_kl_control.controller.state_dict() if worker._rpg_kl_control else None
     out["final_ref"] = local_state(engine_module(worker.ref, "reference"))
     if save_at is None:
         return out
@@ -340,7 +356,7 @@ def ema_reference(rank: int, world_size: int, model_dir: str, ckpt_dir: str, ref
     resumed.load_checkpoint(ckpt_dir)
     out["loaded_ref_equal_saved"] = equal_states(local_state(engine_module(resumed.ref, "reference")), saved_ref)
     out["saved_ref_differs_from_initial"] = not equal_states(saved_ref, initial_ref)
-    out["loaded_beta_equal_saved"] = (resumed._rpg_kl_controller.state_dict() if resumed._rpg_kl_controller
+    out["loaded_beta_equal_saved"] = (resumed._rpg_kl_control.controller.state_dict() if resumed._rpg_kl_control
                                       else None) == saved_beta  # fmt: skip
     for step in range(save_at + 1, steps + 1):
         out["resumed_steps"].append(_reference_step(resumed, step, rank, world_size, decay))

@@ -113,6 +113,8 @@ def test_the_ema_blend_is_the_closed_form_on_every_rank(ema_run):
         for s in out["steps"] + out["resumed_steps"]:
             assert s["ref_ema_updated"] == 1 and s["ref_ema_update_count"] == s["step"], (rank, s)
             assert s["blend_err"] < 1e-6, (rank, s["step"], s["blend_err"])  # fp32 rounding of the float64 form
+            # SMOKE=1's check in the worker ran on this rank: Σ new = τ·Σ old + (1 − τ)·Σ actor (float64, rel. 1e-6)
+            assert s["worker_blend_check"] is not None and s["worker_blend_check"] <= 1e-6, (rank, s)
             assert s["moved"] > 1e-5 and s["gap_to_actor"] > 1e-5, (rank, s)  # it moved, and not onto the actor
 
 

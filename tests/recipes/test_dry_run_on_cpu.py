@@ -568,20 +568,26 @@ def test_launcher_errors_are_clear(tmp_path: Path, env: dict, needle: str):
 
 
 @pytest.mark.parametrize(
-    "choices, needle",
+    "choices, needle, error",
     [
-        (["method=rpg_reinforce", "recipe.divergence=kl", "recipe.beta=1e-4"], "rpg_reinforce_urkl"),
-        (["setup=qwen3_4b_3k"], "qwen3_4b_4k"),  # Hydra lists the group's options
-        (["setup=authors_7b_base"], "authors_7b_instruct"),
-        (["optim=sgd"], "schedulefree"),
-        (["method=rpg", "recipe.divergence=ufkl"], "recipe.beta"),  # β is the method's: never silently a default
+        (["method=rpg_reinforce", "recipe.divergence=kl", "recipe.beta=1e-4"], "rpg_reinforce_urkl",
+         "RecipeConfigError"),
+        (["setup=qwen3_4b_3k"], "qwen3_4b_4k", "MissingConfigException"),  # Hydra lists the group's options
+        (["setup=authors_7b_base"], "authors_7b_instruct", "MissingConfigException"),
+        (["optim=sgd"], "schedulefree", "MissingConfigException"),
+        # β is the method's: never silently a default
+        (["method=rpg", "recipe.divergence=ufkl"], "recipe.beta", "InterpolationKeyError"),
     ],
 )
-def test_bad_group_choices_are_refused_before_launch(choices: list, needle: str):
-    from rpg.launch import compose_and_validate
+def test_bad_group_choices_are_refused_before_launch(choices: list, needle: str, error: str):
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import InterpolationKeyError
 
+    from rpg.launch import RecipeConfigError, compose_and_validate
+
+    errors = {e.__name__: e for e in (RecipeConfigError, MissingConfigException, InterpolationKeyError)}
     base = overrides(RECIPE / "cpu" / "run_dapo.sh")
-    with pytest.raises(Exception) as info:
+    with pytest.raises(errors[error]) as info:
         compose_and_validate(base + choices)
     message = f"{info.value} {info.value.__cause__!r}"
     assert needle in message, message

@@ -81,7 +81,15 @@ def test_a_mode_knob_is_honoured_where_the_mode_is_selected_and_refused_elsewher
     proc = run_script(RECIPE / "4b" / "run_rpg_reinforce_urkl_4k.sh", RPG_PRINT_ARGV="1", REF_EMA_DECAY="0.5")
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert "REF_EMA_DECAY=0.5 is exported, but it is a knob of the reference=ema mode" in proc.stderr, proc.stderr
-    assert "add actor_rollout_ref.actor.policy_loss.reference=ema after the script name" in proc.stderr
+    assert ("add actor_rollout_ref.actor.policy_loss.reference=ema actor_rollout_ref.actor.use_kl_loss=True "
+            "actor_rollout_ref.actor.kl_loss_coef=0 after the script name") in proc.stderr  # the whole fix at once
+    fix = proc.stderr.split("select the mode: add ")[1].split(" after the script name")[0].split()
+    proc = run_script(RECIPE / "4b" / "run_rpg_reinforce_urkl_4k.sh", *fix, RPG_PRINT_ARGV="1", REF_EMA_DECAY="0.5")
+    assert proc.returncode == 0, proc.stderr
+    from rpg.launch import compose_and_validate
+
+    policy_loss = compose_and_validate(json.loads(proc.stdout)["argv"][3:]).config.actor_rollout_ref.actor.policy_loss
+    assert (policy_loss.reference, policy_loss.ref_ema_decay) == ("ema", 0.5)  # the second attempt is valid
 
 
 @pytest.mark.parametrize("path", ["/d/a b.parquet", "/d/it's.parquet", "/d/x\\'y", "/d/${oc.env:HOME}", "/d/a\\\\",

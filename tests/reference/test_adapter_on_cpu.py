@@ -20,7 +20,7 @@ from verl.workers.config import ActorConfig, PolicyLossConfig
 from verl.workers.utils import losses
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from rpg import reference
+from rpg.reference import adapter, hooks, step
 
 PROBE = "rpg_test_reference_probe"
 PROMPT_W, RESP_W = 4, 5
@@ -34,10 +34,10 @@ def probe():
 
     @core_algos.register_policy_loss(PROBE)
     def probe_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None):
-        seen.append((log_prob.detach().clone(), reference.current_ref_log_prob()))
+        seen.append((log_prob.detach().clone(), adapter.current_ref_log_prob()))
         return (log_prob * response_mask).sum() * 0.0, {}
 
-    reference.adapter.install()
+    adapter.install()
     yield seen
     core_algos.POLICY_LOSS_REGISTRY.pop(PROBE, None)
 
@@ -88,7 +88,7 @@ def test_registered_loss_sees_the_shipped_ref_log_prob(probe, layout):
     # aligned with log_prob: verl's own k1 KL on the same micro-batch equals mean(log_prob - ref) over valid tokens
     assert float(metrics["kl_loss"].aggregate()) == pytest.approx(((log_prob - seen_ref)[mask]).mean().item(),
                                                                   rel=1e-6)
-    assert reference.current_ref_log_prob() is None  # reset after the call
+    assert adapter.current_ref_log_prob() is None  # reset after the call
 
 
 def test_none_without_reference_model(probe):
@@ -102,21 +102,26 @@ def test_reset_even_when_the_loss_raises(probe):
 
     @core_algos.register_policy_loss(PROBE)
     def failing(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None):
-        assert reference.current_ref_log_prob() is not None
+        assert adapter.current_ref_log_prob() is not None
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         losses.ppo_loss(actor_config(True), {"log_probs": flat_lp}, td)
-    assert reference.current_ref_log_prob() is None
+    assert adapter.current_ref_log_prob() is None
 
 
-def test_kl_meter_matches_the_formula(probe):
-    """The KL the periodic schedule measures inside ppo_loss: token mean of w·k3(π_ref/π_θ) (paper §2.2;
-    docs/losses.md#grpo-kl)."""
+def test_the_steps_reference_kl_matches_the_formula(probe):
+    """The KL the periodic schedule measures inside ppo_loss (the training step's reference-KL sum): token mean of
+    w·k3(π_ref/π_θ) (paper §2.2; docs/losses.md#grpo-kl); nothing is measured outside a step or when no mode asks."""
     td, flat_lp, ref, mask = make_data("padded")
-    reference.adapter.KL_METER.start()
-    losses.ppo_loss(actor_config(True), {"log_probs": flat_lp}, td)
-    kl_sum, tokens = reference.adapter.KL_METER.stop()
+    losses.ppo_loss(actor_config(True), {"log_probs": flat_lp}, td)  # outside a training step: nothing to add to
+    with step.running(step.TrainingStep(measure_ref_kl=False)) as unmeasured:
+        losses.ppo_loss(actor_config(True), {"log_probs": flat_lp}, td)
+    assert unmeasured.sums() == [0.0, 0.0, 0.0, 0.0]
+    with step.running(step.TrainingStep(measure_ref_kl=True)) as measured:
+        losses.ppo_loss(actor_config(True), {"log_probs": flat_lp}, td)
+    kl_sum, tokens, loss_kl, loss_tokens = measured.sums()
+    assert (loss_kl, loss_tokens) == (0.0, 0.0)  # the probe loss reports no divergence of its own
     lp = probe[0][0].double()
     old, r = td["old_log_probs"].double(), ref.double()
     per_token = torch.exp(lp - old) * (torch.exp(r - lp) - (r - lp) - 1)
@@ -124,25 +129,25 @@ def test_kl_meter_matches_the_formula(probe):
     assert kl_sum == pytest.approx(per_token[mask].sum().item(), rel=1e-12)
     assert kl_sum > 0
     # identical policy and reference -> zero KL
-    kl, n = reference.token_kl_to_reference(lp, old, lp, mask)
+    kl, n = adapter.token_kl_to_reference(lp, old, lp, mask)
     assert (kl.item(), n.item()) == (0.0, float(mask.sum()))
 
 
 _INSTALL_CHECK = textwrap.dedent(
     """
     import sys
-    from rpg.reference import adapter, periodic
+    from rpg.reference import adapter, hooks
     from verl.single_controller.base.decorator import MAGIC_ATTR
-    adapter.install(); adapter.install(); periodic.install(); periodic.install()
+    adapter.install(); adapter.install(); hooks.install(); hooks.install()
     import verl.workers.engine_workers as ew
     import verl.workers.utils.losses as L
     assert getattr(L.ppo_loss, adapter.MARK) and ew.ppo_loss is L.ppo_loss, "ppo_loss not wrapped once in both modules"
     assert not getattr(L.ppo_loss.__wrapped__, adapter.MARK, False), "wrapped twice"
-    assert adapter.installed() and periodic.installed()
+    assert adapter.installed() and hooks.installed()
     cls = ew.ActorRolloutRefWorker
     for name in ("update_actor", "save_checkpoint", "load_checkpoint"):
         fn = cls.__dict__[name]
-        assert getattr(fn, periodic.MARK) and not getattr(fn.__wrapped__, periodic.MARK, False), name
+        assert getattr(fn, hooks.MARK) and not getattr(fn.__wrapped__, hooks.MARK, False), name
         assert getattr(fn, MAGIC_ATTR) == getattr(fn.__wrapped__, MAGIC_ATTR), name + " lost verl's dispatch info"
     assert not [f for f in sys.meta_path if type(f).__module__.startswith("rpg")], sys.meta_path
     print("OK")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rpg.loss_config import RPGPolicyLossConfig
-from rpg.reference import adaptive_kl
+from rpg.reference import adaptive_kl, step
 from rpg.reference.adaptive_kl import AdaptiveKLCoef
 
 KLS = [0.0, 0.001, 0.02, 0.05, 0.2, None, 0.011, float("nan"), 0.01, 3.0, 0.0099]
@@ -73,21 +73,23 @@ def test_a_corrupt_state_is_refused(state, match):
         AdaptiveKLCoef(1e-3, 0.01, 4.0).load_state_dict(state)
 
 
-def test_the_losses_read_the_active_beta_and_feed_the_observer():
+def test_the_losses_read_the_steps_beta_and_feed_its_loss_kl():
+    """One `TrainingStep` (rpg/reference/step.py) carries β and the loss's KL sum: the losses read β from it with
+    kl_control='adaptive' (kl_coef with 'fixed'), add their `actor/rpg/kl` statistic to it, and without an open step
+    an adaptive β is refused."""
     fixed = RPGPolicyLossConfig(loss_mode="rpg_reinforce_urkl", kl_coef=0.05)
     adaptive = RPGPolicyLossConfig(loss_mode="rpg_reinforce_urkl", kl_coef=0.05, kl_control="adaptive",
                                    kl_target=0.01)  # fmt: skip
-    adaptive_kl.activate(None)
-    assert adaptive_kl.current_kl_coef(fixed) == 0.05
+    assert step.kl_coef(fixed) == 0.05
     with pytest.raises(RuntimeError, match="no adaptive-β controller is active"):
-        adaptive_kl.current_kl_coef(adaptive)
+        step.kl_coef(adaptive)
     ctl = AdaptiveKLCoef(0.05, 0.01, 2.0)
     ctl.update(1.0)
-    adaptive_kl.activate(ctl)
-    try:
-        assert adaptive_kl.current_kl_coef(adaptive) == 0.05 * 1.1
-        assert adaptive_kl.current_kl_coef(fixed) == 0.05
-        # the loss's KL statistic reaches the observer only during a training step
+    state = adaptive_kl.AdaptiveBeta(ctl)
+    with step.running(step.TrainingStep()) as current:
+        state.start_step(current)
+        assert step.kl_coef(adaptive) == 0.05 * 1.1
+        assert step.kl_coef(fixed) == 0.05
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
         from verl.workers.config import ActorConfig
 
@@ -100,18 +102,20 @@ def test_the_losses_read_the_active_beta_and_feed_the_observer():
         cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2, clip_ratio_c=3.0,
                           policy_loss=adaptive)  # fmt: skip
         loss_fn = POLICY_LOSS_REGISTRY["rpg_reinforce_urkl"]
-        adaptive_kl.KL_OBSERVER.start()
         _, m = loss_fn(old, log_prob, adv, mask, "token-mean", cfg, None)
-        kl_sum, tokens = adaptive_kl.KL_OBSERVER.stop()
+        ref_kl, ref_tokens, kl_sum, tokens = current.sums()
+        assert (ref_kl, ref_tokens) == (0.0, 0.0)  # no reference KL asked for: the adaptive β reads the loss's KL
         assert tokens == 15 and kl_sum / tokens == pytest.approx(m["actor/rpg/kl"], rel=1e-12)
-        loss_fn(old, log_prob, adv, mask, "token-mean", cfg, None)
-        assert adaptive_kl.KL_OBSERVER.stop() == (kl_sum, tokens)  # outside a step: nothing added
-        # β enters the loss: the KL part of A' scales with the active β
-        adaptive_kl.activate(AdaptiveKLCoef(0.1, 0.01, 2.0))
+        # β enters the loss: the KL part of A' scales with the step's β
+        current.beta = 0.1
         _, m2 = loss_fn(old, log_prob, adv, mask, "token-mean", cfg, None)
         assert m2["actor/rpg/kl_adv_abs"] == pytest.approx(m["actor/rpg/kl_adv_abs"] * 0.1 / (0.05 * 1.1), rel=1e-6)
-    finally:
-        adaptive_kl.activate(None)
+    assert current.sums()[3] == 2 * tokens  # the two calls inside the step
+    with pytest.raises(RuntimeError, match="no adaptive-β controller is active"):  # outside the step: no β
+        loss_fn(old, log_prob, adv, mask, "token-mean", cfg, None)
+    assert current.sums()[3] == 2 * tokens
+    metrics = state.end_step(None, kl_sum / tokens)
+    assert metrics["kl_coef"] == 0.05 * 1.1 and set(metrics) <= set(state.row.metrics)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -105,7 +105,7 @@ def train_step(worker, step):
 
 
 def params(worker, which):
-    from rpg.reference.periodic import _engine_module
+    from rpg.reference.weights import engine_module as _engine_module
 
     module = _engine_module(getattr(worker, which), which)
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
@@ -138,9 +138,9 @@ def test_refresh_schedule_weights_checkpoint_and_resume(make_worker, tmp_path):
         if step == 3:
             saved_ref = params(worker, "ref")
             worker.save_checkpoint(ckpt, global_step=3)
-            saved_schedule = worker._rpg_periodic_reference.schedule.state_dict()
+            saved_schedule = worker._rpg_reference.schedule.state_dict()
     assert refreshed == [2, 4, 6]
-    history = worker._rpg_periodic_reference.schedule.state.history
+    history = worker._rpg_reference.schedule.state.history
     assert [(h["train_step"], h["optimizer_step"], h["reason"]) for h in history] == [(2, 4, "steps"), (4, 8, "steps"),
                                                                                        (6, 12, "steps")]
     assert os.path.exists(os.path.join(ckpt, "rpg_reference", "state.json"))
@@ -149,7 +149,7 @@ def test_refresh_schedule_weights_checkpoint_and_resume(make_worker, tmp_path):
     resumed = make_worker()
     assert same(params(resumed, "ref"), initial)
     resumed.load_checkpoint(ckpt)
-    assert resumed._rpg_periodic_reference.schedule.state_dict() == saved_schedule
+    assert resumed._rpg_reference.schedule.state_dict() == saved_schedule
     assert same(params(resumed, "ref"), saved_ref)  # the refreshed reference of step 2, not the initial model
     assert not same(saved_ref, initial)
     resumed_refreshes = []
@@ -158,5 +158,5 @@ def test_refresh_schedule_weights_checkpoint_and_resume(make_worker, tmp_path):
         if metrics["actor/rpg/ref_refreshed"]:
             resumed_refreshes.append(step)
     assert resumed_refreshes == [4, 6]
-    assert resumed._rpg_periodic_reference.schedule.state_dict() == worker._rpg_periodic_reference.schedule.state_dict()
+    assert resumed._rpg_reference.schedule.state_dict() == worker._rpg_reference.schedule.state_dict()
     assert same(params(resumed, "ref"), params(worker, "ref"), atol=1e-6)

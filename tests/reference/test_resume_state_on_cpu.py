@@ -1,4 +1,4 @@
-"""Resuming a periodic-reference run keeps its promise or refuses (rpg/reference/periodic.py `PeriodicReference.load`).
+"""Resuming a periodic-reference run keeps its promise or refuses (rpg/reference/written.py `WrittenReference.load`).
 
 A checkpoint without the reference state must not silently restart from the initial model; a corrupt state file is
 named; a non-finite KL moving average is rejected. Fake engines (no verl worker): < 1 s.
@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg.reference import PeriodicReference, RefreshSchedule
+from rpg.reference.periodic import PeriodicReference
+from rpg.reference.schedule import RefreshSchedule
 
 
 def _worker():

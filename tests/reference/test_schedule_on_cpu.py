@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rpg.reference import RefreshSchedule
+from rpg.reference.schedule import RefreshSchedule
 
 
 def run(schedule, steps):

@@ -1,0 +1,253 @@
+"""The table of run modes: one row per KL reference (``policy_loss.reference``) and per KL control
+(``policy_loss.kl_control``), and the checks of their options. docs/reference-modes.md explains each row.
+
+Every other module reads the rows; none compares a mode name (tests/reference/test_modes_on_cpu.py checks the source
+of rpg/ for that): the config's choices and option checks (`rpg.loss_config`), what a run installs (`rpg.install`),
+the launcher's rules (`rpg.preflight`), the free-disk estimate (`checkpoint_bytes`), the dry-run summary
+(`describe`), the recipe knobs of a mode (`rpg.preflight.recipe_argv.MODE_KNOBS`), what a smoke run forces
+(`rpg.smoke`) and the per-mode state the worker hooks build (`rpg.reference.hooks.STATES`). A new mode is one row
+here plus, if it acts in verl's worker, its state class registered in `rpg.reference.hooks`.
+
+Pure Python: imports nothing (the launcher's early checks read it before verl is imported).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+# the names of `rpg.install` (RPG_INSTALL) a mode may need: defined here so that this table imports nothing
+REF_LOG_PROB, WORKER_HOOKS = "ref_log_prob", "periodic_reference"
+POLICY_LOSS = "actor_rollout_ref.actor.policy_loss."
+#: what every mode with a reference model needs from verl: its reference worker, and no KL of verl's own
+REFERENCE_MODEL_SETTINGS = ("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0")
+VERIFY_ENV = "RPG_SMOKE_VERIFY_REFRESH"  # SMOKE=1: every rank checks each write of the reference weights
+
+
+@dataclass(frozen=True)
+class Option:
+    """A policy-loss option that acts only with its mode, and its valid values."""
+
+    name: str
+    valid: str  # the range, as the error messages and docs state it
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One row: a value of ``policy_loss.<setting>`` and everything the code needs to know about it."""
+
+    name: str
+    setting: str  # "reference" or "kl_control"
+    reference_model: bool  # needs verl's reference model (ref_log_prob): REFERENCE_MODEL_SETTINGS
+    writes_reference: bool  # overwrites the reference engine's weights in the actor's process
+    worker_state: bool  # has per-step state in verl's actor worker (`rpg.reference.hooks.STATES`)
+    options: tuple[Option, ...] = ()
+    required: tuple[str, ...] = ()  # overrides a run of this mode must add (no default works), with a typical value
+    knobs: tuple[str, ...] = ()  # the recipe environment knobs of its options (recipe_argv.MODE_KNOBS)
+    metrics: tuple[str, ...] = ()  # actor/rpg/<name>, logged every training step
+    smoke: tuple[str, ...] = ()  # overrides a smoke run adds so that the mode acts at each of its steps
+    fp32_reference: bool = False  # the reference engine must store fp32 (an in-place blend)
+    checkpoint_label: str = ""  # the reference weights it saves next to the actor's checkpoint ("" = none)
+    describe: str = "{name}"  # the dry-run summary's text; {option} fields take the run's values
+    moves_beta: bool = False  # β follows a controller (the losses read the step's β)
+    needs_a_trigger: bool = False  # its options must enable at least one trigger (K > 0 and/or κ > 0)
+
+    @property
+    def key(self) -> str:
+        return POLICY_LOSS + self.setting
+
+    @property
+    def installs(self) -> tuple[str, ...]:
+        """The `RPG_INSTALL` names this mode needs."""
+        return (REF_LOG_PROB,) * self.reference_model + (WORKER_HOOKS,) * self.worker_state
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.options)
+
+    @property
+    def verl_settings(self) -> tuple[str, ...]:
+        return REFERENCE_MODEL_SETTINGS if self.reference_model else ()
+
+    def whole_fix(self) -> str:
+        """Every override that selects this mode and gives it what it needs, in one line."""
+        return " ".join((f"{self.key}={self.name}", *self.verl_settings, *self.required))
+
+
+_PERIODIC_OPTIONS = (Option("ref_refresh_steps", "an integer ≥ 0 (K, optimizer steps; 0 = no step criterion)"),
+                     Option("ref_refresh_kl", "a finite number ≥ 0 (κ; 0 = no KL criterion)"),
+                     Option("ref_kl_ema", "in [0, 1) (decay of the KL moving average, per training step)"))  # fmt: skip
+_EMA_OPTIONS = (Option("ref_ema_decay", "in [0, 1) (τ)"),
+                Option("ref_ema_period", "an integer ≥ 1 (P, optimizer steps between two blends)"))  # fmt: skip
+_ADAPTIVE_OPTIONS = (Option("kl_target", "a finite number > 0 (per-token KL of the chosen divergence)"),
+                     Option("kl_horizon", "a finite number > 0.2 (H, training steps)"))  # fmt: skip
+
+ROWS: tuple[Mode, ...] = (
+    Mode("iterative", "reference", reference_model=False, writes_reference=False, worker_state=False,
+         describe="{name} (π_ref = π_old, no reference model)"),
+    Mode("frozen", "reference", reference_model=True, writes_reference=False, worker_state=False),
+    Mode("periodic", "reference", reference_model=True, writes_reference=True, worker_state=True,
+         options=_PERIODIC_OPTIONS, required=(f"{POLICY_LOSS}ref_refresh_steps=<K, e.g. 64>",),
+         knobs=("REF_REFRESH_STEPS", "REF_REFRESH_KL"),
+         metrics=("ref_refreshed", "ref_refresh_count", "ref_steps_since_refresh", "ref_refresh_time_s", "ref_kl",
+                  "ref_kl_ema"),
+         smoke=(f"+{POLICY_LOSS}ref_refresh_steps=1",), checkpoint_label="periodic reference weights",
+         needs_a_trigger=True,
+         describe="{name} (K {ref_refresh_steps}, κ {ref_refresh_kl})"),
+    Mode("ema", "reference", reference_model=True, writes_reference=True, worker_state=True, options=_EMA_OPTIONS,
+         knobs=("REF_EMA_DECAY", "REF_EMA_PERIOD"),
+         metrics=("ref_ema_updated", "ref_ema_update_count", "ref_ema_steps_since_update", "ref_ema_time_s",
+                  "ref_ema_decay", "ref_kl"),
+         smoke=(f"+{POLICY_LOSS}ref_ema_period=1",), fp32_reference=True, checkpoint_label="EMA reference weights",
+         describe="{name} (τ {ref_ema_decay}, every {ref_ema_period} optimizer steps)"),
+    Mode("fixed", "kl_control", reference_model=False, writes_reference=False, worker_state=False,
+         describe="β = {kl_coef:g} (policy_loss.kl_coef)"),
+    Mode("adaptive", "kl_control", reference_model=False, writes_reference=False, worker_state=True,
+         options=_ADAPTIVE_OPTIONS, required=(f"{POLICY_LOSS}kl_target=<KL per token, e.g. 1e-3>",),
+         knobs=("KL_TARGET", "KL_HORIZON"), metrics=("kl_coef", "kl_coef_next", "kl_ctrl_kl"), moves_beta=True,
+         describe="adaptive: β starts at {kl_coef:g}, target KL {kl_target}, horizon {kl_horizon} steps "
+                  "(policy_loss.kl_control)"),
+)  # fmt: skip
+
+REFERENCES: dict[str, Mode] = {m.name: m for m in ROWS if m.setting == "reference"}
+KL_CONTROLS: dict[str, Mode] = {m.name: m for m in ROWS if m.setting == "kl_control"}
+DEFAULTS = {"reference": "iterative", "kl_control": "fixed"}
+#: the options' defaults (one place: `rpg.loss_config.RPGPolicyLossConfig` declares its fields with these)
+OPTION_DEFAULTS = {"ref_refresh_steps": 0, "ref_refresh_kl": 0.0, "ref_kl_ema": 0.9, "ref_ema_decay": 0.99,
+                   "ref_ema_period": 1, "kl_target": 0.0, "kl_horizon": 10.0}  # fmt: skip
+
+
+def reference(name: Any) -> Mode:
+    """The row of ``policy_loss.reference=name`` (ValueError listing the choices)."""
+    return _row(REFERENCES, "reference", name)
+
+
+def kl_control(name: Any) -> Mode:
+    """The row of ``policy_loss.kl_control=name`` (ValueError listing the choices)."""
+    return _row(KL_CONTROLS, "kl_control", name)
+
+
+def _row(rows: dict[str, Mode], setting: str, name: Any) -> Mode:
+    if name not in rows:
+        raise ValueError(f"RPGPolicyLossConfig.{setting}={name!r} is not valid; choose one of {list(rows)}")
+    return rows[name]
+
+
+def selected(policy_loss: Mapping) -> tuple[Mode, Mode]:
+    """(reference row, kl_control row) of a policy-loss mapping (DictConfig, dict or `RPGPolicyLossConfig`);
+    absent settings take their defaults."""
+    get = policy_loss.get if hasattr(policy_loss, "get") else lambda k, d: getattr(policy_loss, k, d)
+    return (reference(str(get("reference", None) or DEFAULTS["reference"])),
+            kl_control(str(get("kl_control", None) or DEFAULTS["kl_control"])))  # fmt: skip
+
+
+def option_owner(option: str) -> Mode | None:
+    """The row whose option `option` is, or None."""
+    return next((m for m in ROWS if option in m.option_names), None)
+
+
+def describe(row: Mode, policy_loss: Mapping, kl_coef: float) -> str:
+    """The dry-run summary's text of `row` with the run's option values (defaults where absent)."""
+    values = {n: policy_loss.get(n, OPTION_DEFAULTS[n]) for n in OPTION_DEFAULTS}
+    return row.describe.format(name=row.name, kl_coef=kl_coef, **values)
+
+
+def checkpoint_bytes(policy_loss: Mapping, n_params: int, dtype_bytes: int) -> dict[str, float]:
+    """Bytes the plugin adds to each checkpoint beyond verl's, by part: the reference weights (P × the reference
+    engine's dtype bytes, all ranks' shards together) of a mode that writes them; {} otherwise (a few KB of JSON)."""
+    row, _ = selected(policy_loss)
+    return {row.checkpoint_label: float(n_params) * dtype_bytes} if row.checkpoint_label else {}
+
+
+def smoke_overrides(policy_loss: Mapping) -> tuple[list[str], bool]:
+    """(overrides, check): what a smoke run adds so that every mode the run selects acts at each of its steps, and
+    whether every rank checks each write of the reference weights (`VERIFY_ENV`)."""
+    rows = selected(policy_loss)
+    return [o for row in rows for o in row.smoke], any(row.writes_reference for row in rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The checks of the options (RPGPolicyLossConfig, RefreshSchedule and AdaptiveKLCoef call them)
+# ---------------------------------------------------------------------------------------------------------------------
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_refresh_settings(
+    every_steps: Any,
+    kl_threshold: Any,
+    ema_decay: Any,
+    owner: str,
+    names: tuple[str, str, str] = ("every_steps (K)", "kl_threshold (κ)", "ema_decay"),
+    need_a_criterion: bool = True,
+) -> None:
+    """Raise ValueError naming `owner` and the setting when K is not an integer ≥ 0, κ not a finite number ≥ 0, the
+    KL average's decay not in [0, 1), or (with `need_a_criterion`) neither K > 0 nor κ > 0."""
+    k_name, kappa_name, decay_name = names
+    if not _number(every_steps) or int(every_steps) != every_steps or every_steps < 0:
+        raise ValueError(f"{owner}: {k_name} must be an integer ≥ 0, got {every_steps!r}")
+    if not _number(kl_threshold) or not (math.isfinite(kl_threshold) and kl_threshold >= 0):
+        raise ValueError(f"{owner}: {kappa_name} must be a finite number ≥ 0, got {kl_threshold!r}")
+    if not _number(ema_decay) or not (0.0 <= ema_decay < 1.0):
+        raise ValueError(f"{owner}: {decay_name} must be in [0, 1), got {ema_decay!r}")
+    if need_a_criterion and every_steps == 0 and kl_threshold == 0:
+        raise ValueError(f"{owner} needs {k_name} > 0 and/or {kappa_name} > 0")
+
+
+def check_ema_settings(decay: Any, period: Any, owner: str) -> None:
+    """Raise ValueError naming `owner` and the setting when the EMA reference's τ (`ref_ema_decay`) is not in [0, 1)
+    or its period P (`ref_ema_period`, optimizer steps) is not an integer ≥ 1."""
+    if not _number(decay) or not (0.0 <= decay < 1.0):
+        raise ValueError(
+            f"{owner}: ref_ema_decay (τ of the EMA reference, π_ref ← τ·π_ref + (1 − τ)·π_θ) must be in [0, 1), got "
+            f"{decay!r} (τ = 1 never moves the reference: use reference=frozen)"
+        )
+    if not _number(period) or int(period) != period or period < 1:
+        raise ValueError(
+            f"{owner}: ref_ema_period (optimizer steps between EMA updates, the unit of ref_refresh_steps) must be an "
+            f"integer ≥ 1, got {period!r}"
+        )
+
+
+MIN_HORIZON = 0.2  # the controller's clipped error is in [−0.2, 0.2]: H > 0.2 keeps every multiplier 1 + e/H > 0
+
+
+def check_kl_control_settings(target: Any, horizon: Any, owner: str, adaptive: bool, kl_coef: Any = None) -> None:
+    """Raise ValueError naming `owner` and the setting when the adaptive-β controller's target is not a finite number
+    (> 0 when `adaptive`, ≥ 0 otherwise), its horizon not a finite number > 0.2, or (`adaptive`) β's start `kl_coef`
+    is 0 (a multiplicative controller never leaves 0)."""
+    if not _number(target) or not math.isfinite(target) or target < 0 or (adaptive and target == 0):
+        raise ValueError(
+            f"{owner}: kl_target (target of the adaptive β, per-token KL of the chosen divergence) must be a finite "
+            f"number > 0 with kl_control='adaptive', got {target!r}. It has no default: select the mode with "
+            f"{KL_CONTROLS['adaptive'].whole_fix()} (docs/reference-modes.md#one-override)"
+        )
+    if not _number(horizon) or not math.isfinite(horizon) or horizon <= MIN_HORIZON:
+        raise ValueError(
+            f"{owner}: kl_horizon (H, in training steps; β ← β·(1 + clip(KL/target − 1, ±0.2)/H)) must be a finite "
+            f"number > {MIN_HORIZON}, got {horizon!r}"
+        )
+    if adaptive and kl_coef is not None and not (_number(kl_coef) and kl_coef > 0):
+        raise ValueError(
+            f"{owner}: kl_control='adaptive' starts β at kl_coef and multiplies it each step, so kl_coef must be > 0, "
+            f"got {kl_coef!r}"
+        )
+
+
+def check_settings(settings: Any, owner: str = "RPGPolicyLossConfig") -> None:
+    """Check the mode choices and every mode option of an `RPGPolicyLossConfig` (ValueError naming the setting)."""
+    ref, ctl = reference(settings.reference), kl_control(settings.kl_control)
+    try:
+        check_refresh_settings(
+            settings.ref_refresh_steps, settings.ref_refresh_kl, settings.ref_kl_ema,
+            owner=owner + (f".reference={ref.name!r}" if ref.needs_a_trigger else ""),
+            names=("ref_refresh_steps (K)", "ref_refresh_kl (κ)", "ref_kl_ema"), need_a_criterion=ref.needs_a_trigger,
+        )  # fmt: skip
+    except ValueError as e:
+        if not ref.needs_a_trigger:
+            raise
+        raise ValueError(f"{e}. Select the mode with {ref.whole_fix()} (docs/reference-modes.md#one-override)") from e
+    check_ema_settings(settings.ref_ema_decay, settings.ref_ema_period, owner)
+    check_kl_control_settings(settings.kl_target, settings.kl_horizon, owner, adaptive=ctl.moves_beta,
+                              kl_coef=settings.kl_coef)  # fmt: skip
