@@ -135,7 +135,7 @@ def rpg_loss_gradient(toy, name, mode, size, **policy):
 
     def per_batch(i):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(rpg.reference, "current_ref_log_prob", lambda: ref[i])
+            mp.setattr(rpg.reference.adapter, "current_ref_log_prob", lambda: ref[i])
             return fn(old[i], log_prob[i], toy.adv[i], toy.mask[i], mode, cfg, None)[0]
 
     (g,) = torch.autograd.grad(expected(toy, per_batch, size), th)

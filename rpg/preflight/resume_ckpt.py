@@ -33,6 +33,8 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from rpg import modes
+
 TRACKER = "latest_checkpointed_iteration.txt"  # verl: checkpoint_manager.get_checkpoint_tracker_filename
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 ACTOR = "actor"
@@ -66,14 +68,13 @@ def expected(config: Any, step_dir: Path) -> list[tuple[str, str]]:
     pieces.append(("data.pt", "the data loader's state"))
     if str(config.trainer.get("v1", {}).get("trainer_mode", "sync") or "sync") != "sync":
         pieces.append(("transfer_queue", "the asynchronous trainer's in-flight prompts"))
-    loss = _policy_loss(config)
-    reference = str(loss.get("reference", "iterative") or "iterative")
-    if reference in ("periodic", "ema"):
-        pieces.append((REFERENCE_STATE, f"the {reference} reference's state"))
+    reference, control = modes.selected(_policy_loss(config))  # the run-mode table's rows (rpg/modes.py)
+    if reference.writes_reference:
+        pieces.append((REFERENCE_STATE, f"the {reference.name} reference's state"))
         if _saved_reference_weights(step_dir / REFERENCE_STATE):
-            pieces.append((REFERENCE_WEIGHTS, f"the {reference} reference's weights"))
-    if str(loss.get("kl_control", "fixed") or "fixed") == "adaptive":
-        pieces.append((KL_CONTROL, "the adaptive β controller's state"))
+            pieces.append((REFERENCE_WEIGHTS, f"the {reference.name} reference's weights"))
+    if control.moves_beta:
+        pieces.append((KL_CONTROL, f"the {control.name} β controller's state"))
     return pieces
 
 
