@@ -49,3 +49,22 @@ def test_a_summary_only_dry_run_prints_the_summary_with_every_refusal(monkeypatc
     out = capsys.readouterr().out
     assert out.startswith(HEADER) and "actor_rollout_ref:" not in out, out[:300]
     assert "#   - the checkpoint folder has 1.0 GB free (DISK)" in out.splitlines()
+
+
+def test_an_rpg_option_refused_by_its_config_class_is_a_message(monkeypatch):
+    """`kl_control=adaptive` without `kl_target`: RPGPolicyLossConfig's own ValueError (raised inside Hydra's
+    instantiate) is a project refusal: one `[rpg] error:` paragraph naming the full keys, not Hydra's "Error in call
+    to target" (issue: refusals that look like crashes)."""
+    from rpg import launch
+
+    monkeypatch.delenv(refusal.FULL_ERROR_ENV, raising=False)
+    monkeypatch.setenv(launch.DRY_RUN_ENV, launch.SUMMARY_ONLY)
+    cfg = launch.compose_config(["setup=qwen3_4b_4k", "method=rpg_reinforce", "recipe.divergence=urkl",
+                                 "recipe.beta=1e-4", "+actor_rollout_ref.actor.policy_loss.kl_control=adaptive"])
+    with pytest.raises(SystemExit) as exit_:
+        with refusal.as_message():
+            launch.run(cfg)
+    text = str(exit_.value.code)
+    assert text.startswith("[rpg] error: actor_rollout_ref.actor.policy_loss:"), text
+    assert "actor_rollout_ref.actor.policy_loss.kl_target=<KL per token, e.g. 1e-3>" in text, text
+    assert "Error in call to target" not in text, text

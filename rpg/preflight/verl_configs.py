@@ -90,6 +90,18 @@ def _typecheck(obj: Any, key: str) -> Any:
     return obj
 
 
+def _rpg_refusal(build, node):
+    """`build(node)`; a ValueError of the RPG options' own validation (`RPGPolicyLossConfig.__post_init__`, raised
+    inside Hydra's instantiate) becomes the project's refusal, a `RecipeConfigError` naming the config node."""
+    try:
+        return build(node)
+    except Exception as error:
+        cause = error if isinstance(error, ValueError) else error.__cause__
+        if isinstance(cause, ValueError) and str(cause).startswith("RPGPolicyLossConfig"):
+            raise RecipeConfigError(f"actor_rollout_ref.actor.policy_loss: {cause}") from error
+        raise
+
+
 def build_verl_configs(config: DictConfig) -> ValidatedConfig:
     """Build the dataclasses verl's workers build (type-checked), then run verl's `validate_config` as
     `main_ppo.main` does.
@@ -107,7 +119,7 @@ def build_verl_configs(config: DictConfig) -> ValidatedConfig:
     ref = omega_conf_to_dataclass(_ref_as_worker_builds_it(config)) if use_ref else None
     validated = ValidatedConfig(
         config=config,
-        actor=_typecheck(omega_conf_to_dataclass(arr.actor), "actor_rollout_ref.actor"),
+        actor=_typecheck(_rpg_refusal(omega_conf_to_dataclass, arr.actor), "actor_rollout_ref.actor"),
         ref=_typecheck(ref, "actor_rollout_ref.ref") if use_ref else None,
         rollout=_typecheck(omega_conf_to_dataclass(arr.rollout), "actor_rollout_ref.rollout"),
         model=_build_model(config),
