@@ -13,6 +13,8 @@ name in RPG_INSTALL   what is installed                                         
                       verl's ``ActorRolloutRefWorker`` (`rpg.reference.hooks`)     row has ``worker_state``
 ``schedule_free``     the trainer ``schedule_free_sync`` in verl's trainer         ``trainer.v1.trainer_mode=
                       registry (`rpg.schedule_free`)                              schedule_free_sync``
+``mismatch_share``    the share of tokens with |Δ log p| > log 2 in verl's         a smoke run (``SMOKE=1``:
+                      ``calculate_debug_metrics`` (`rpg.mismatch`)                 `for_smoke`)
 ====================  ==========================================================  ==================================
 
 Contract (other modules and branches rely on it):
@@ -50,14 +52,15 @@ from rpg import modes
 
 ENV = "RPG_INSTALL"
 REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE = modes.REF_LOG_PROB, modes.WORKER_HOOKS, "schedule_free"
-NAMES = (REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE)
+MISMATCH_SHARE = "mismatch_share"
+NAMES = (REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE, MISMATCH_SHARE)
 MODULES = {REF_LOG_PROB: "rpg.reference.adapter", PERIODIC_REFERENCE: "rpg.reference.hooks",
-           SCHEDULE_FREE: "rpg.schedule_free"}  # fmt: skip
+           SCHEDULE_FREE: "rpg.schedule_free", MISMATCH_SHARE: "rpg.mismatch"}  # fmt: skip
 WHAT = {REF_LOG_PROB: "the ref_log_prob adapter around verl's ppo_loss",
         PERIODIC_REFERENCE: "the periodic/EMA-reference and adaptive-β hooks on verl's ActorRolloutRefWorker"}  # fmt: skip
 
-__all__ = ["ENV", "NAMES", "check", "export", "install", "install_from_environ", "installed", "names", "needed",
-           "require", "selected"]  # fmt: skip
+__all__ = ["ENV", "NAMES", "check", "export", "for_smoke", "install", "install_from_environ", "installed", "names",
+           "needed", "require", "selected"]  # fmt: skip
 
 
 def _module(name: str) -> ModuleType:
@@ -130,6 +133,13 @@ def selected(config: Any, settings: Any = None) -> tuple[str, ...]:
     if use_v1 and OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync") == "schedule_free_sync":
         chosen.add(SCHEDULE_FREE)
     return tuple(n for n in NAMES if n in chosen)
+
+
+def for_smoke(selection: Iterable[str]) -> tuple[str, ...]:
+    """`selection` plus what a smoke run (`rpg.smoke`) adds for its report: the share of tokens whose trainer and
+    rollout log-probs differ by more than log 2 (`rpg.mismatch`), after its guard (RuntimeError)."""
+    check((MISMATCH_SHARE,))
+    return names(",".join((*selection, MISMATCH_SHARE)))
 
 
 def needed(settings: Any) -> tuple[str, ...]:

@@ -197,6 +197,8 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     auto_set_device(config)
     dry_run = dry_run_requested()
     validated = validate(config, real_launch=not dry_run)
+    if smoke_run is not None:  # the smoke report's token share over |Δ log p| > log 2 (rpg.mismatch)
+        validated.install = smoke_install(validated.install)
     print(chat_template_summary(config), file=sys.stderr)
     if warning := async_correction_warning(config):  # asynchronous without TIS weights: docs/async.md#no-correction
         print(warning, file=sys.stderr)
@@ -248,6 +250,16 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         if stop is None:
             raise
         raise SystemExit(f"[rpg] error: {stop}") from None
+
+
+def smoke_install(selection: tuple[str, ...]) -> tuple[str, ...]:
+    """What a smoke run installs (`rpg.install.for_smoke`); an unsupported verl is a refusal before Ray."""
+    from rpg import install
+
+    try:
+        return install.for_smoke(selection)
+    except RuntimeError as e:
+        raise RecipeConfigError(f"invalid RPG configuration:\n- {e}") from None
 
 
 def disk_problem(config: DictConfig) -> Optional[str]:

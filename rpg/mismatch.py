@@ -19,9 +19,9 @@ In bypass mode π_old *is* vLLM's, so none of those is logged; the loss logs the
 The share of tokens with |Δ log p| > `LOGP_THRESHOLD` (log 2: a token whose probability ratio leaves [1/2, 2], verl's
 default TIS threshold) is the one figure verl does not log. `token_share_over` computes it from the two log-prob
 tensors, and `with_share` wraps verl's `calculate_debug_metrics` (the one place in the trainer where both exist) to
-add `SHARE_KEY`; `install()` (with `check()` and `installed()`, `rpg.install`'s contract) puts it into verl's trainer,
-but no `RPG_INSTALL` name selects it yet. The report shows the share when a run logged it, else says it was not
-measured.
+add `SHARE_KEY`; `install()` (with `check()` and `installed()`, `rpg.install`'s contract) puts it into verl's trainer:
+`RPG_INSTALL=mismatch_share`, which every smoke run (`SMOKE=1`) selects (`rpg.install.for_smoke`). The report shows
+the share when a run logged it, else says it was not measured.
 
 The thresholds are heuristics (rules of thumb, not measured on this project's recipes): a run is flagged when
 k3 KL > 1e-3 per token, χ² per token > 0.05, a token's probability differs by more than 0.5, more than 0.1 % of
@@ -98,8 +98,8 @@ def check() -> None:
 
 
 def install() -> None:
-    """Make verl's trainer log `SHARE_KEY` with its own mismatch metrics (idempotent). Not selected by any run yet:
-    wiring it into `rpg.install`'s names is what makes a run log the share."""
+    """Make verl's trainer log `SHARE_KEY` with its own mismatch metrics (idempotent): `RPG_INSTALL=mismatch_share`,
+    selected by a smoke run (`rpg.install.for_smoke`)."""
     import importlib
 
     check()

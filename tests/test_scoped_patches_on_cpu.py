@@ -30,6 +30,7 @@ PRELUDE = textwrap.dedent(
     import verl.workers.utils.losses as losses
     import verl.trainer.main_ppo, verl.trainer.ppo.core_algos, verl.trainer.ppo.v1  # noqa: F401
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+    import verl.trainer.ppo.v1.trainer_base as trainer_base
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
     METHODS = ("update_actor", "save_checkpoint", "load_checkpoint")
@@ -50,6 +51,7 @@ PRELUDE = textwrap.dedent(
             "ppo_loss": verls_own(losses.ppo_loss, "verl/workers/utils/losses.py") and ew.ppo_loss is losses.ppo_loss,
             "worker": all(verls_own(cls.__dict__[m], "verl/workers/engine_workers.py") for m in METHODS),
             "trainers": all(c.__module__.startswith("verl.") for c in TRAINER_REGISTRY.values()),
+            "debug_metrics": verls_own(trainer_base.calculate_debug_metrics, "verl/utils/debug/metrics.py"),
         }
     """
 )
@@ -70,7 +72,7 @@ SCOPE = PRELUDE + textwrap.dedent(
     """
 )
 
-ORIGINAL = {"ppo_loss": True, "worker": True, "trainers": True}
+ORIGINAL = {"ppo_loss": True, "worker": True, "trainers": True, "debug_metrics": True}
 CONFIGS = [("periodic", {"loss_mode": "rpg_ufkl", "reference": "periodic", "ref_refresh_steps": 4}),
            ("frozen", {"loss_mode": "rpg_reinforce_hardclip_rkl", "reference": "frozen"}),
            ("grpo_wk3", {"loss_mode": "grpo_wk3"}),
@@ -104,8 +106,9 @@ def test_import_verl_and_building_configs_patch_nothing():
 
 @pytest.mark.parametrize(
     "names, expected",
-    [("ref_log_prob", {"ppo_loss": False, "worker": True, "trainers": True}),
-     ("schedule_free, periodic_reference", {"ppo_loss": True, "worker": False, "trainers": False})],
+    [("ref_log_prob", {"ppo_loss": False, "worker": True, "trainers": True, "debug_metrics": True}),
+     ("schedule_free, periodic_reference", {"ppo_loss": True, "worker": False, "trainers": False, "debug_metrics": True}),
+     ("mismatch_share", {"ppo_loss": True, "worker": True, "trainers": True, "debug_metrics": False})],
 )  # fmt: skip
 def test_rpg_install_installs_exactly_what_it_names(names, expected):
     out = _json(_run(SCOPE, "[]", **{install.ENV: names}))
@@ -151,7 +154,7 @@ ew.ActorRolloutRefWorker.update_actor = update_actor
 @pytest.mark.parametrize(
     "sabotage, names, needles",
     [
-        (FAKE_VERSION, ["ref_log_prob", "periodic_reference"],
+        (FAKE_VERSION, ["ref_log_prob", "periodic_reference", "mismatch_share"],
          ["verl 0.10.0", "verl>=0.9.1,<0.10", "ref_log_prob adapter"]),
         (CHANGED_PPO_LOSS, ["ref_log_prob"],
          ["verl.workers.utils.losses.ppo_loss('config', 'model_output', 'data', 'dp_group')",
@@ -170,7 +173,7 @@ def test_unsupported_verl_fails_at_start_up_naming_both_and_patches_nothing(sabo
         assert needle in out["error"], (needle, out["error"])
     assert out["state"]["ppo_loss"] or sabotage is CHANGED_PPO_LOSS  # the adapter was not installed
     assert out["state"] == {"ppo_loss": sabotage is not CHANGED_PPO_LOSS, "worker": sabotage is not
-                            CHANGED_UPDATE_ACTOR, "trainers": True}  # nothing patched (the sabotaged object is not verl's file) fmt: skip
+                            CHANGED_UPDATE_ACTOR, "trainers": True, "debug_metrics": True}  # nothing patched (the sabotaged object is not verl's file) fmt: skip
     assert out["registered"]  # registration needs no patch and works on any verl
 
 

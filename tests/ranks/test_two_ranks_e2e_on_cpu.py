@@ -82,6 +82,11 @@ def test_smoke_run_checkpoints_resumes_refreshes_and_exports_on_two_ranks(tiny_d
     assert_hf_export_is_x(ckpt / "actor", world_size=2, distinct=False)  # one optimizer step: x = y = z
     assert list((tmp_path / "wandb").glob("offline-run-*")), "the configured logger (wandb) was not initialised"
     assert "[rpg smoke] steps [1, 2]" in text and "projected wall time of the full run" in text
+    # the rollout/trainer mismatch judged from verl's metrics, with the share a smoke run installs (rpg/mismatch.py)
+    for step in (1, 2):
+        assert train[step]["training/rollout_logp_diff_share"] == 0.0, (step, train[step])  # fp32 on CPU
+    assert "[rpg smoke] rollout/trainer mismatch: |Δ probability| mean" in text, text[-3000:]
+    assert "tokens with |Δ log p| > log 2: 0.000%" in text and "  verdict: OK (heuristic thresholds" in text
     # the adaptive β rides on this run: it follows its recurrence, and the resumed launch continues it exactly
     for step in (1, 2):
         kl, beta = train[step]["actor/rpg/kl_ctrl_kl"], train[step]["actor/rpg/kl_coef"]
