@@ -40,6 +40,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "recipe" / "rpg" / "README.md"]
 PREFIXES = ("bash ", "python -m", "rpg-", "RPG_DRY_RUN=", "SMOKE=")
+NOT_COMMANDS = ("rpg-verl",)  # the project's name (generated tables quote it), not a command
 KINDS = ("runs", "gpu", "network", "slow", "tested", "name", "example")
 MARKER = re.compile(r"<!--\s*(" + "|".join(KINDS) + r")\b:?\s*(.*?)\s*-->")
 ALONE = re.compile(r"^\s*(<!--\s*(?:" + "|".join(KINDS) + r")\b.*?-->)\s*$")
@@ -124,7 +125,7 @@ def doc_commands(path: Path) -> list[Command]:
             paragraph, pending = pending, None
         for m in SPAN.finditer(line):
             text = m.group(1)
-            if text.startswith(PREFIXES) or OVERRIDE.match(text):
+            if (text.startswith(PREFIXES) and text not in NOT_COMMANDS) or OVERRIDE.match(text):
                 kind, arg = _marker(m.group(2) or paragraph)
                 found.append(Command(f"{rel}:{i + 1}", text, kind, arg, inline=True))
         i += 1

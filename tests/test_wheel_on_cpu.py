@@ -94,6 +94,7 @@ def test_wheel_installs_and_registers_everything(tmp_path):
     assert got["scripts"] == {
         "rpg-prepare-data": "rpg.tools.prepare_data", "rpg-report": "rpg.tools.report",
         "rpg-tiny-model": "rpg.tools.tiny_model", "rpg-evaluate": "rpg.tools.evaluate",
+        "rpg-doctor": "rpg.preflight.doctor",
     }  # fmt: skip
     for script in CONSOLE_SCRIPTS:
         assert (venv / "bin" / script).is_file()

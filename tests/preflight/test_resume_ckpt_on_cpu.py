@@ -92,3 +92,12 @@ def test_the_reference_and_beta_state_of_the_runs_modes(tmp_path):
     cfg = config(tmp_path)
     cfg.trainer.v1.trainer_mode = "separate_async"
     assert "transfer_queue (the asynchronous trainer's in-flight prompts)" in resume_ckpt.problem(cfg)
+
+
+def test_the_schedule_free_trainer_is_synchronous(tmp_path):
+    """rpg.schedule_free's trainer (trainer_mode=schedule_free_sync) reports "sync" to verl, which then writes no
+    transfer_queue/ (the 2-rank smoke run resumed a schedule-free checkpoint): not asked for."""
+    save(tmp_path, 2, ONE_RANK)
+    cfg = config(tmp_path)
+    cfg.trainer.v1.trainer_mode = "schedule_free_sync"
+    assert resume_ckpt.problem(cfg) is None

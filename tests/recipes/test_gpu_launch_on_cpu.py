@@ -173,7 +173,7 @@ def test_smoke_dry_run_of_a_7b_recipe_prints_the_smoke_config_and_the_plan(monke
     assert cfg["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]["VERL_FILE_LOGGER_PATH"] == str(log)
     assert cfg["trainer"]["default_local_dir"] == str(tmp_path / "smoke-logs" / "ckpts" / "run_rpg_7b_urkl1e-4")
     assert cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] == 0.75  # the recipe's settings stay
-    assert err.count(PLAN_LINE) == 1 and "budget 80.0 GiB" in err
+    assert err.count(PLAN_LINE) == 2 and "budget 80.0 GiB" in err  # one per launch: the dry run shows both
     assert f"[rpg] smoke run (SMOKE=1), launch 2 of 2: 2 steps of {batch} prompts, metrics to {log}" in err
     assert list(tmp_path.iterdir()) == []  # a dry run makes no folder
 
@@ -201,7 +201,8 @@ def test_smoke_settings_are_passed_on_to_the_launch_and_to_ray_jobs():
 # ---- 4. Interpreter and engines --------------------------------------------------------------------------------------
 @pytest.fixture
 def repo_with_a_venv(tmp_path):
-    """A copy of the launcher (common.sh, one 7b and one cpu script, recipe_argv.py) in a checkout
+    """A copy of the launcher (common.sh, one 7b and one cpu script, recipe_argv.py and the run-mode table it reads)
+    in a checkout
     whose .venv/bin/python exists: it runs this test's interpreter and leaves a mark when run."""
     import shutil
     import stat
@@ -209,7 +210,7 @@ def repo_with_a_venv(tmp_path):
     from recipe_helpers import REPO
 
     for rel in ("recipe/rpg/common.sh", "recipe/rpg/7b/run_dapo_7b.sh",
-                "recipe/rpg/cpu/run_dapo.sh", "rpg/preflight/recipe_argv.py"):  # fmt: skip
+                "recipe/rpg/cpu/run_dapo.sh", "rpg/preflight/recipe_argv.py", "rpg/modes.py"):  # fmt: skip
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp_path / rel)
     venv_python = tmp_path / ".venv" / "bin" / "python"

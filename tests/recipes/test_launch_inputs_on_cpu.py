@@ -175,6 +175,7 @@ def test_an_incomplete_checkpoint_is_refused_before_the_trainer_starts(base, dat
     monkeypatch.setattr(rpg.launch, "check_gpu_launch", lambda *a, **k: None)  # no GPU on this machine
     monkeypatch.setattr(rpg.launch, "disk_problem", lambda *a, **k: None)
     monkeypatch.delenv("RPG_DRY_RUN", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the wandb check comes first (tests/recipes/test_wandb_check_on_cpu.py)
     ckpts, ranks = tmp_path / "ckpts", base.trainer.n_gpus_per_node * base.trainer.nnodes
     for step in (1, 2):
         for rel in ["data.pt"] + [f"actor/{kind}_world_size_{ranks}_rank_{r}.pt" for r in range(ranks)
