@@ -70,13 +70,19 @@ def test_any_import_order_registers_everything(first):
     of a schedule-free run unpickles its worker class, with `RPG_INSTALL` naming it and the reference adapter: the
     adapter is installed, the half-initialised module is left out (its trainer is the TaskRunner's, which imports verl
     first), and the plugin reports no error."""
-    env = dict(os.environ, RPG_INSTALL="ref_log_prob,schedule_free") if first == "rpg.schedule_free" else None
+    # a fresh process's environment: without what an earlier in-process test of this worker may have left (the CPU
+    # platform's variables, RPG_INSTALL), as tests/test_scoped_patches_on_cpu.py does
+    drop = ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM", "VERL_ENGINE_DEVICE", "RPG_INSTALL")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if first == "rpg.schedule_free":
+        env["RPG_INSTALL"] = "ref_log_prob,schedule_free"
     probe = (LIGHT if first == "rpg" else f"import {first}\n") + PROBE + INSTALLED
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True, env=env)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     got = {**json.loads(lines[-2]), **json.loads(lines[-1])}
     assert got["losses"] == EXPECTED_LOSSES and got["adv"] == ["rpg", "rpg_batchmean"]
-    assert got["installed"] == (["ref_log_prob"] if env else [])
+    assert got["installed"] == (["ref_log_prob"] if first == "rpg.schedule_free" else [])
     assert "[rpg] error" not in out.stderr
 
 
