@@ -223,12 +223,14 @@ LAYERS = (2, 4, 8)
 
 
 def _probe():
-    import importlib.util
+    """benchmarks/gpu_memory_probe.py, imported as a module from the benchmarks folder (a script folder, no package)."""
+    import importlib
+    import sys
 
-    spec = importlib.util.spec_from_file_location("gpu_memory_probe", M.MODEL_TABLE.parents[2] / "benchmarks" / "gpu_memory_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    folder = str(M.MODEL_TABLE.parents[2] / "benchmarks")
+    if folder not in sys.path:
+        sys.path.append(folder)
+    return importlib.import_module("gpu_memory_probe")
 
 
 @pytest.mark.parametrize("model, tokens", sorted(H200))
