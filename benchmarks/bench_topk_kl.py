@@ -28,9 +28,24 @@ import sys
 import time
 
 import torch
-from verl.utils.torch_functional import logprobs_from_logits
 
-from rpg import topk_kl as tk
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rpg import topk_kl as tk  # noqa: E402 (torch only)
+
+try:
+    from verl.utils.torch_functional import logprobs_from_logits
+
+    LOGPROB_SOURCE = "verl.utils.torch_functional.logprobs_from_logits"
+except ImportError:  # the GPU check machine has torch and transformers only (scripts/gpu_check.sh)
+    LOGPROB_SOURCE = "verl absent: its no-flash-attn branch (logprobs_from_logits_v2's row loop) restated here"
+
+    def logprobs_from_logits(logits, labels):
+        """verl 0.9.1's `logprobs_from_logits` without flash-attn: one row at a time, `logsumexp` for fp32/fp64,
+        `log_softmax` for bf16/fp16."""
+        if logits.dtype in (torch.float32, torch.float64):
+            picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+            return picked - torch.stack([torch.logsumexp(row, -1) for row in logits])
+        return torch.stack([torch.log_softmax(r, -1)[t] for r, t in zip(logits, labels, strict=True)])
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -61,10 +76,10 @@ def _topk_path(sup, args):
 
 
 def bench_case(tokens, vocab, ks, args):
-    g = torch.Generator(device="cpu").manual_seed(0)
-    base = 2.0 * torch.randn(tokens, vocab, generator=g)
-    logits = base.to(device=args.device, dtype=DTYPES[args.dtype]).requires_grad_(True)
-    old = (base + 0.3 * torch.randn(tokens, vocab, generator=g)).to(args.device)
+    g = torch.Generator(device=args.device).manual_seed(0)
+    base = 2.0 * torch.randn(tokens, vocab, generator=g, device=args.device)
+    logits = base.to(dtype=DTYPES[args.dtype]).requires_grad_(True)
+    old = base + 0.3 * torch.randn(tokens, vocab, generator=g, device=args.device)
     labels = torch.multinomial(torch.softmax(old[:, :4096], -1), 1).squeeze(1)  # the cost does not depend on them
     del base
     paths = {
@@ -146,7 +161,8 @@ def main():
         torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s)"
-          + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""))  # fmt: skip
+          + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else "")
+          + f"; logprob = {LOGPROB_SOURCE}")  # fmt: skip
     for vocab in (int(v) for v in args.vocab.split(",")):
         token_list = args.tokens.split(",") if args.tokens else ["512" if vocab <= 32768 else "128"]
         for tokens in (int(t) for t in token_list):

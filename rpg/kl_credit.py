@@ -90,3 +90,12 @@ def credited_kl_weight(credit: SequenceCredit, kl_c: Tensor) -> Tensor:
         if credit.future is not None:
             out = out - credit.future.double()
         return _saturate(out, dtype)
+
+
+def credited_kl_adv(kl_c: Tensor, log_w: Tensor, mask: Tensor) -> Tensor:
+    """C/w of the credited weight `kl_c` (`credited_kl_weight`), 0 on masked tokens: formed in float64 from log w
+    and saturated in kl_c's dtype (w ≈ e^-60 at the guard would overflow a float32 division)."""
+    with torch.no_grad():
+        ratio = kl_c.double() * torch.exp(-log_w.double())
+        return torch.where(mask, _saturate(ratio, kl_c.dtype), 0.0)
+

@@ -47,19 +47,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 import torch
 
 from rpg.install import require
-from rpg.loss_config import RPGPolicyLossConfig, clip_settings, rpg_settings
 from rpg.reference import adapter, step
 from rpg.divergences import LOG_RATIO_GUARD, Divergence, guarded_log_ratio, scaled_ratio
-from rpg.kl_credit import credited_kl_weight, sequence_credit
+from rpg.kl_credit import credited_kl_adv, credited_kl_weight, sequence_credit
 from rpg.loss_table import (  # noqa: F401  (re-exported: rpg.launch and the tests import them from here)
     ADDON, DUAL_CLIP, FAMILIES, FD, HARDCLIP, LOSSES, RATIO_CLIP, REINFORCE, VERL_CLIP_FIELDS, Family, LossSpec,
     clip_fields, describe_losses, is_rpg_loss, loss_spec,
 )  # fmt: skip
+
+if TYPE_CHECKING:  # verl's config classes; the tensor math above the verl wiring imports without verl (a GPU check)
+    from rpg.loss_config import RPGPolicyLossConfig
 
 Tensor = torch.Tensor
 
@@ -260,7 +262,7 @@ def rpg_reinforce(
         kl_c = div.kl_component(log_w if log_w_kl is None else log_w_kl, w_kl, log_rho, rho).mul_(beta)
         if kl_credit == "sequence":
             kl_c = credited_kl_weight(sequence_credit(div, log_w, log_rho, mask, beta), kl_c)
-            kl_adv = torch.where(mask, kl_c / w, 0.0)
+            kl_adv = credited_kl_adv(kl_c, log_w, mask)
         elif kl_credit == "token":
             kl_adv = div.kl_adv(log_w, log_rho, beta, log_w_kl=log_w_kl, w=w, kl=kl_c)  # C/w (Alg. 2 line 14: the raw w)
         else:
@@ -302,12 +304,15 @@ def metric_statistics(out: TokenLoss, div: Divergence, beta: float) -> Tensor:
         w_valid = w * valid  # w > 0 on valid tokens: the 0 of padding is never the maximum
         kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_rho, beta, log_w_kl=None, w=w)
         # padding holds log w = 0, A = 0 and a zero KL estimate (w = ρ = 1): their sums need no mask
+        f64 = torch.float64  # sums of saturated float32 terms stay finite
         sums = torch.stack([
-            w_valid.sum(), out.log_w.sum(), div.estimate(out.log_w, w, out.log_rho, out.rho).sum(),
-            (kl_adv.mul_(valid) if out.kl_adv is None else kl_adv * valid).abs_().sum(), out.adv.abs().sum(),
-            w_valid.amax(), torch.add(w_valid, 1.0 - valid, alpha=torch.finfo(w.dtype).max).amin(),
+            w_valid.sum(dtype=f64), out.log_w.sum(dtype=f64),
+            div.estimate(out.log_w, w, out.log_rho, out.rho).sum(dtype=f64),
+            (kl_adv.mul_(valid) if out.kl_adv is None else kl_adv * valid).abs_().sum(dtype=f64),
+            out.adv.abs().sum(dtype=f64), w_valid.amax().double(),
+            torch.add(w_valid, 1.0 - valid, alpha=torch.finfo(w.dtype).max).amin().double(),
         ])  # fmt: skip
-        return torch.cat([counts.double(), sums.double()])
+        return torch.cat([counts.double(), sums])
 
 
 STATISTICS = ("n_pos_grad", "n_pos", "n_pos_or_low", "n_not_flat_c", "n", "sum_w", "sum_log_w", "sum_kl",
@@ -404,6 +409,8 @@ def policy_loss_fn(spec: LossSpec, config_use: str, term: Callable[..., tuple[Te
     ) -> tuple[Tensor, dict[str, Any]]:
         if config is None:
             raise ValueError(f"{spec.name} needs verl's actor config ({config_use})")
+        from rpg.loss_config import rpg_settings
+
         settings = rpg_settings(config)
         inputs = (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, rollout_is_weights)
         loss_mat, mask, finish = term(settings, config, inputs, _ref_log_prob(settings, spec.name),
@@ -426,6 +433,8 @@ def make_policy_loss(spec: LossSpec):
 
     def term(settings: RPGPolicyLossConfig, config: Any, inputs: tuple, ref: Optional[Tensor], beta: float):
         old_log_prob, log_prob, advantages, response_mask = inputs[:4]
+        from rpg.loss_config import clip_settings
+
         clip = ClipParams(*clip_settings(config, spec.clip_fields, spec.name))
         if spec.family == FD:
             out = rpg_fully_differentiable(

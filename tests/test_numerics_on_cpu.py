@@ -208,3 +208,37 @@ def test_kl_adv_is_chosen_by_its_arguments_not_by_tensor_identity(div):
             value, terms = kl_weight(div, lw if at is None else at[j].item(), 0.0)
             scale = BETA * sum(abs(t) for t in terms) / math.exp(lw)
             assert abs(got[j].item() - BETA * value / math.exp(lw)) <= TOLERANCE[torch.float32] * scale, (at, lw)
+
+
+SEQUENCE_CREDIT = [n for n, s in sorted(L.LOSSES.items()) if s.family != L.ADDON and "kl_credit" in s.options]
+
+
+@pytest.mark.parametrize("kl_ratio", ["clipped", "raw"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", SEQUENCE_CREDIT)
+def test_sequence_credit_is_finite_at_the_guard(name, dtype, kl_ratio, monkeypatch):
+    """`kl_credit=sequence` over responses whose log w reach ±60 (the guard) in either order: the loss, every gradient
+    and every metric finite, `kl_adv` (C/w, which the branch and `actor/rpg/kl_adv_abs` read) included. The old code
+    divided the credited C by w (≈ e^-60) without saturation: −inf in `kl_adv` and an infinite `kl_adv_abs` for the
+    reverse rows with `kl_ratio=raw` (found by benchmarks/gpu_loss_check.py). Forward rows need a frozen reference
+    (iterative: refused, the credit is the token one); its log ρ reach ±60 too."""
+    import rpg.reference.adapter
+
+    rows = [GRID, GRID[::-1], [30.0, -30.0, 60.0, -60.0, 60.0, -60.0, 0.5, -0.5, 0.0, 1.0, -1.0, 2.0, -2.0, 0.1, 0.2]]
+    lw = torch.tensor(rows, dtype=torch.float64)
+    old = torch.full_like(lw, -3.0).to(dtype)
+    log_prob = (old.double() + lw).to(dtype).requires_grad_(True)
+    adv = torch.tensor([[0.5], [-0.5], [1.0]], dtype=dtype).expand_as(old)
+    mask = torch.ones_like(old, dtype=torch.bool)
+    frozen = not L.LOSSES[name].divergence.reverse
+    ref = (old.double() - lw.flip(0)).to(dtype)
+    monkeypatch.setattr(rpg.reference.adapter, "current_ref_log_prob", lambda: ref if frozen else None)
+    settings = RPGPolicyLossConfig(loss_mode=name, kl_coef=BETA, kl_credit="sequence",
+                                   **({"reference": "frozen"} if frozen else {}),
+                                   **({"kl_ratio": kl_ratio} if "kl_ratio" in L.LOSSES[name].options else {}))  # fmt: skip
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=2, clip_ratio_low=EPS_LOW,
+                      clip_ratio_high=EPS_HIGH, clip_ratio_c=C, policy_loss=settings)  # fmt: skip
+    loss, metrics = POLICY_LOSS_REGISTRY[name](old, log_prob, adv, mask, "token-sum", cfg, None)
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all(), (loss, grad)
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
