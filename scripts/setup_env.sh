@@ -46,12 +46,38 @@ up_to_date && exit 0
 echo "[setup_env] building $VENV (torch==$TORCH, $(basename "$REQS")) ..." >&2
 start=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-pip_install() {  # pip install, minus the machine's warnings about absent local index folders
+# The installer: uv (pinned below; bootstrapped once with pip into .tools/, shared by both environments) installs the
+# same pinned files as pip about three times faster (parallel downloads, no byte-compilation at install time); pip if
+# RPG_INSTALLER=pip or the bootstrap fails. uv reads no pip configuration: pip's find-links (this machine's local torch
+# CPU wheel) are passed on, so both installers see the same files.
+UV_VERSION=0.13.9
+installer="${RPG_INSTALLER:-uv}"
+case "$installer" in uv|pip) ;; *) echo "[setup_env] error: RPG_INSTALLER=$installer; choose uv or pip" >&2; exit 2 ;; esac
+uv="$ROOT/.tools/uv-$UV_VERSION/bin/uv"
+if [ "$installer" = uv ] && [ ! -x "$uv" ]; then
+  mkdir -p "$ROOT/.tools"
+  exec 8>"$ROOT/.tools/uv.lock"
+  flock 8
+  [ -x "$uv" ] || "$PY" -m pip install -q --disable-pip-version-check --target "$ROOT/.tools/uv-$UV_VERSION" \
+    "uv==$UV_VERSION" >"$ROOT/.tools/uv-install.log" 2>&1 || true
+  flock -u 8
+  [ -x "$uv" ] || { echo "[setup_env] uv==$UV_VERSION could not be installed: using pip" >&2; installer=pip; }
+fi
+find_links=()
+for dir in ${PIP_FIND_LINKS:-} $("$PY" -m pip config list 2>/dev/null | sed -n "s/^[^=]*find-links='\(.*\)'$/\1/p"); do
+  [ -e "$dir" ] && find_links+=(--find-links "$dir")
+done
+pip_install() {  # install into $VENV with the chosen installer, minus the machine's warnings about absent local indexes
   local rc
   set +e
-  "${pip[@]}" install "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory"
-  rc=${PIPESTATUS[0]}
+  if [ "$installer" = uv ]; then
+    "$uv" pip install -q --python "$VENV/bin/python" "${find_links[@]}" "$@"
+    rc=$?
+  else
+    "$VENV/bin/python" -m pip --disable-pip-version-check -q install "$@" 2>&1 \
+      | grep -v "is ignored: it is neither a file nor a directory"
+    rc=${PIPESTATUS[0]}
+  fi
   set -e
   return "$rc"
 }
@@ -67,4 +93,4 @@ import torch
 assert torch.__version__.split("+")[0] == sys.argv[1], f"unexpected torch {torch.__version__}, expected {sys.argv[1]}"
 PY
 echo "$want" > "$stamp"
-echo "[setup_env] $VENV done in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)" >&2
+echo "[setup_env] $VENV done in $(( $(date +%s) - start )) s with $installer, $(du -sh "$VENV" | cut -f1)" >&2

@@ -96,3 +96,39 @@ def check_steps(records: list[dict], console: str, steps: list[int]) -> dict[int
         bad = {k: v for k, v in {**rpg, "actor/pg_loss": data["actor/pg_loss"]}.items() if not finite(v)}
         assert not bad, f"step {step}: non-finite metrics {bad}"
     return train
+
+
+# ---- schedule-free checkpoints (tests/e2e, tests/ranks) -----------------------------------------------------------
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def assert_hf_export_is_x(ckpt, world_size: int, distinct: bool = True) -> None:
+    """The checkpoint holds y and a train-mode optimizer, and its `huggingface/` export is the average x = lerp(y, z,
+    1 - 1/β1) (schedulefree's eval()), bit for bit, reassembled from the ranks' FSDP2 shards (dim 0); with `distinct`
+    (k ≥ 2 optimizer steps), x ≠ y somewhere (else the export could not be told from the training iterate; after a
+    single step schedule-free's x, y and z coincide)."""
+    import torch
+    from safetensors.torch import load_file
+
+    models = [torch.load(ckpt / f"model_world_size_{world_size}_rank_{r}.pt", weights_only=False)
+              for r in range(world_size)]  # fmt: skip
+    optims = [torch.load(ckpt / f"optim_world_size_{world_size}_rank_{r}.pt", weights_only=False)
+              for r in range(world_size)]  # fmt: skip
+    beta1 = optims[0]["param_groups"][0]["betas"][0]
+    # optimizer state is indexed in parameter order = state_dict order without the (last, tied) lm_head
+    names = [n for n in models[0] if not n.endswith("lm_head.weight")]
+    hf = load_file(ckpt / "huggingface" / "model.safetensors")
+    differs, compared = False, 0
+    for i, name in enumerate(names):
+        states = [o["state"].get(i) for o in optims]
+        if any(s is None for s in states) or name not in hf:
+            continue
+        y = torch.cat([_local(m[name]) for m in models])
+        z = torch.cat([_local(s["z"]) for s in states])
+        x = torch.lerp(y, z, 1 - 1 / beta1)
+        torch.testing.assert_close(hf[name].float(), x.to(hf[name].dtype).float(), rtol=0, atol=0)
+        differs |= not torch.equal(x.to(hf[name].dtype), y.to(hf[name].dtype))
+        compared += 1
+    assert compared >= len(names) - 1, (compared, len(names))
+    assert differs or not distinct, "x == y everywhere: the HF export cannot be distinguished from the training iterate"

@@ -2,9 +2,10 @@
 locally and submitted to a real Ray cluster.
 
 `recipe/rpg/cpu/run_rpg_reinforce_urkl.sh` (common.sh -> the CPU profile -> `python -m rpg.launch` -> verl's
-`run_ppo`; the "hf" rollout, DAPO group filtering) runs RPG-REINFORCE-URKL with the `rpg` advantage estimator on the
-tiny model: 2 steps of four prompts × four samples (so DAPO evicts and refills groups), two mini-batches per step,
-validation before training and after step 2 (32 held-out prompts, 2 samples each), a checkpoint at step 2. Two
+`run_ppo`; the "hf" rollout, DAPO group filtering) runs RPG-REINFORCE-URKL with the `rpg` advantage estimator and
+schedule-free AdamW (`OPTIM=schedulefree`) on the tiny model: 2 steps of four prompts × four samples (so DAPO evicts
+and refills groups), two mini-batches per step, validation before training and after step 2 (32 held-out prompts, 2
+samples each), a checkpoint at step 2 with the HF export. Two
 trainer processes, started at once for the tests of this module:
 
 * ``first``   the run above, on the Ray the launcher starts itself;
@@ -24,6 +25,10 @@ Checks:
   update is off-policy, so the KL to the iterative reference π_old is non-zero (`actor/rpg/kl` > 0);
 * validation ran (`val-core/...` accuracy in [0, 1]) and the rollout used the actor's current weights
   (`training/rollout_probs_diff_mean` ~ 0: the rollout and actor log-probs of the sampled tokens agree);
+* schedule-free (rpg/schedule_free.py) with the iterative KL: the rollout replica gets the iterate y after every
+  update and the average x around validation (weight pushes at steps 0, 1, 2, 2, 2); the checkpoint holds y with the
+  optimizer in train mode after k = 4 optimizer steps, and its HF export is the average x, bit for bit, x ≠ y (two
+  ranks, resume and the periodic reference: tests/ranks/test_two_ranks_e2e_on_cpu.py's smoke run);
 * the checkpoint was written at step 2 (resuming from a checkpoint through this trainer is proven on two ranks,
   tests/ranks/test_two_ranks_e2e_on_cpu.py, and with the vLLM rollout, tests/vllm_cpu/test_vllm_e2e_on_cpu.py);
 * the cluster job: the script prints the submission id and the commands to follow it, follows the job to the end
@@ -48,7 +53,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from cpu_trainer import check_steps, finite, run_cpu_recipe, start_cpu_recipe, training_steps
+import torch
+from cpu_trainer import assert_hf_export_is_x, check_steps, finite, run_cpu_recipe, start_cpu_recipe, training_steps
 
 pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
@@ -98,8 +104,11 @@ def ray_job(head, *args: str) -> str:
 def run_trainer(tmp: Path, name: str, **env: str | None) -> tuple[list[dict], str]:
     """2 steps of 2 mini-batches of 2 prompts × 4 responses, validation before training and every 2 steps, a
     checkpoint every 2 steps; returns the metric records and the console text."""
-    overrides = [*VALIDATION, "trainer.save_freq=2", "trainer.val_before_train=True", "trainer.resume_mode=disable"]
-    return run_cpu_recipe(tmp, name, overrides, CPU_STEPS="2", **SIZES, **env)
+    overrides = [*VALIDATION, "trainer.save_freq=2", "trainer.val_before_train=True", "trainer.resume_mode=disable",
+                 "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
+    return run_cpu_recipe(tmp, name, overrides, CPU_STEPS="2", OPTIM="schedulefree",
+                          RAY_DEDUP_LOGS="0",  # Ray would fold the replica's repeated weight-push lines
+                          **SIZES, **env)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +117,9 @@ def runs(head, tmp_path_factory) -> dict:
     with ThreadPoolExecutor(2) as pool:  # two independent trainers at once: the critical path halves
         local = pool.submit(run_trainer, dirs["first"], "first")
         job = pool.submit(run_trainer, dirs["second"], "second", **job_env(head))
-        (first, _), (second, second_text) = local.result(), job.result()
-    return {"first": first, "second": second, "second_text": second_text, "ckpt": dirs["first"] / "ckpts"}
+        (first, first_text), (second, second_text) = local.result(), job.result()
+    return {"first": first, "first_text": first_text, "second": second, "second_text": second_text,
+            "ckpt": dirs["first"] / "ckpts"}  # fmt: skip
 
 
 def check_training_steps(records: list[dict], steps: list[int]) -> None:
@@ -142,6 +152,16 @@ def test_train_validate_checkpoint(runs):
     assert val and all(finite(v) and 0.0 <= v <= 1.0 for v in val.values()), f"validation metrics: {val}"
     assert (runs["ckpt"] / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (runs["ckpt"] / "global_step_2" / "actor").is_dir()
+
+
+def test_schedule_free_pushes_y_and_x_and_exports_x(runs):
+    pushes = re.findall(r"HFRolloutServer\[(\d+)\] weights <- step (\d+)", runs["first_text"])
+    # y after each update; x before the validation at step 2, y after it
+    assert pushes == [("0", s) for s in ("0", "1", "2", "2", "2")], pushes
+    ckpt = runs["ckpt"] / "global_step_2" / "actor"
+    group = torch.load(ckpt / "optim_world_size_1_rank_0.pt", weights_only=False)["param_groups"][0]
+    assert group["train_mode"] is True and group["k"] == 4, (group["train_mode"], group["k"])  # 2 steps × 2 updates
+    assert_hf_export_is_x(ckpt, world_size=1)  # x ≠ y: the export is the average, not the iterate
 
 
 def test_the_job_on_the_cluster_succeeds(runs, head):

@@ -16,29 +16,24 @@ line each in the JSON-lines metrics file and on the console, every `actor/rpg/*`
   reference on both ranks; the checkpoint's HF export is the average x, bit for bit; the adaptive β
   (`kl_control=adaptive`) follows its recurrence on the all-reduced KL, and the resumed step 2 uses exactly the β the
   first launch computed after step 1 (its state restored from the checkpoint);
-* schedule-free AdamW with the iterative RPG loss and its KL active (2 mini-batches per step): validation before
-  training and at step 2, a checkpoint with the HF export at step 2. Each rollout replica gets the iterate y after
-  every update and the average x around validation (the servers' weight pushes: steps 0, 1, 2, 2, 2 per replica);
-  rollout and π_old agree (`training/rollout_probs_diff_mean` ~ 0); the KL to π_old is non-zero; both ranks wrote
-  their checkpoint shards with the optimizer in train mode (y), and the HF export is the average x, bit for bit.
+Schedule-free with two optimizer steps per training step (x ≠ y, so the export is told from the iterate), the
+iterative KL active and the rollout's y/x weight pushes around validation are checked in the end-to-end run of
+tests/e2e/test_e2e_trainer_on_cpu.py, on one rank, without a trainer start-up of its own.
 
-Cost: three trainer start-ups (two for the smoke run), ~5 min on 2 cores. Needs artifacts/tiny.
+Cost: two trainer start-ups (the smoke run's two launches), ~4 min on 2 cores. Needs artifacts/tiny.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections import defaultdict
 
 import pytest
-import torch
-from cpu_trainer import check_steps, run_cpu_recipe
+from cpu_trainer import assert_hf_export_is_x, check_steps, run_cpu_recipe
 
 pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
 
 SIZES = dict(CPU_RANKS="2", CPU_BATCH="4", CPU_N="4", CPU_SEED="0")  # 16 sequences per step, 8 per rank
-SMALL_VAL = ["data.val_max_samples=32"]  # validation on 32 of the 200 held-out prompts: only its steps are checked
 BETA_TARGET, BETA_H = 1e-4, 2.0  # the adaptive β (docs/losses.md#adaptive-beta) on the smoke run
 
 
@@ -93,67 +88,3 @@ def test_smoke_run_checkpoints_resumes_refreshes_and_exports_on_two_ranks(tiny_d
         assert train[step]["actor/rpg/kl_coef_next"] == beta * (1 + min(max(kl / BETA_TARGET - 1, -0.2), 0.2) / BETA_H)
     assert train[1]["actor/rpg/kl_coef"] == 1e-4  # the recipe's kl_coef
     assert train[2]["actor/rpg/kl_coef"] == train[1]["actor/rpg/kl_coef_next"] != train[1]["actor/rpg/kl_coef"]
-
-
-def test_schedule_free_with_the_iterative_kl_on_two_ranks(tiny_dir, tmp_path):
-    overrides = [
-        *SMALL_VAL, "trainer.val_before_train=True", "trainer.save_freq=2", "trainer.resume_mode=disable",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",  # 2 micro-batches per rank and mini-batch
-        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-    ]
-    records, text = run_cpu_recipe(tmp_path, "sf_2r", overrides, timeout_s=900, OPTIM="schedulefree",
-                                   CPU_STEPS="2", CPU_MINI_BATCH="2", CPU_TEST_FREQ="2",
-                                   RAY_DEDUP_LOGS="0",  # Ray would merge the two replicas' similar log lines
-                                   **SIZES)  # fmt: skip
-    train = check_steps(records, text, [1, 2])
-    for step, data in train.items():
-        assert abs(data["training/rollout_probs_diff_mean"]) < 1e-4, (step, data["training/rollout_probs_diff_mean"])
-        assert data["actor/rpg/kl"] > 0, (step, "the RPG KL to π_old was never active")
-    val_steps = sorted(r["step"] for r in records if any(k.startswith("val-core/") for k in r["data"]))
-    assert val_steps == [0, 2]
-    pushes = defaultdict(list)
-    for replica, step in re.findall(r"HFRolloutServer\[(\d+)\] weights <- step (\d+)", text):
-        pushes[replica].append(step)
-    assert sorted(pushes) == ["0", "1"], pushes  # one replica per rank
-    for replica, steps in pushes.items():  # y after each update; x before validation at step 2, y after it
-        assert steps == ["0", "1", "2", "2", "2"], (replica, steps)
-    ckpt = tmp_path / "ckpts" / "global_step_2" / "actor"
-    for rank in (0, 1):
-        optim = torch.load(ckpt / f"optim_world_size_2_rank_{rank}.pt", weights_only=False)
-        group = optim["param_groups"][0]
-        assert group["train_mode"] is True and group["k"] == 4, (rank, group["train_mode"], group["k"])
-    assert_hf_export_is_x(ckpt, world_size=2)
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def assert_hf_export_is_x(ckpt, world_size: int, distinct: bool = True) -> None:
-    """The checkpoint holds y and a train-mode optimizer, and its `huggingface/` export is the average x = lerp(y, z,
-    1 - 1/β1) (schedulefree's eval()), bit for bit, reassembled from the ranks' FSDP2 shards (dim 0); with `distinct`
-    (k ≥ 2 optimizer steps), x ≠ y somewhere (else the export could not be told from the training iterate; after a
-    single step schedule-free's x, y and z coincide)."""
-    from safetensors.torch import load_file
-
-    models = [torch.load(ckpt / f"model_world_size_{world_size}_rank_{r}.pt", weights_only=False)
-              for r in range(world_size)]  # fmt: skip
-    optims = [torch.load(ckpt / f"optim_world_size_{world_size}_rank_{r}.pt", weights_only=False)
-              for r in range(world_size)]  # fmt: skip
-    beta1 = optims[0]["param_groups"][0]["betas"][0]
-    # optimizer state is indexed in parameter order = state_dict order without the (last, tied) lm_head
-    names = [n for n in models[0] if not n.endswith("lm_head.weight")]
-    hf = load_file(ckpt / "huggingface" / "model.safetensors")
-    differs, compared = False, 0
-    for i, name in enumerate(names):
-        states = [o["state"].get(i) for o in optims]
-        if any(s is None for s in states) or name not in hf:
-            continue
-        y = torch.cat([local(m[name]) for m in models])
-        z = torch.cat([local(s["z"]) for s in states])
-        x = torch.lerp(y, z, 1 - 1 / beta1)
-        torch.testing.assert_close(hf[name].float(), x.to(hf[name].dtype).float(), rtol=0, atol=0)
-        differs |= not torch.equal(x.to(hf[name].dtype), y.to(hf[name].dtype))
-        compared += 1
-    assert compared >= len(names) - 1, (compared, len(names))
-    assert differs or not distinct, "x == y everywhere: the HF export cannot be distinguished from the training iterate"
