@@ -140,7 +140,7 @@ def make_addon_loss(spec: LossSpec):
         if settings.topk:  # the top-k KL in place of the sampled one (docs/losses.md#topk-kl)
             from rpg.topk_loss import topk_loss, topk_metrics
 
-            topk = topk_loss(settings, div, log_prob, old_log_prob, ref, response_mask, beta)
+            topk = topk_loss(settings, div, log_prob, old_log_prob, ref, response_mask, beta, advantages)
             kl, extra = kl._replace(loss=topk.loss, credit=None), topk_metrics(topk, kl.mask)
 
         def finish(kl_loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:

@@ -453,7 +453,7 @@ def make_policy_loss(spec: LossSpec):
             return out.loss, out.mask, lambda loss: (loss, _metrics(out, div, beta))
         from rpg.topk_loss import topk_loss, topk_metrics
 
-        kl = topk_loss(settings, div, log_prob, old_log_prob, ref, response_mask, beta)
+        kl = topk_loss(settings, div, log_prob, old_log_prob, ref, response_mask, beta, advantages)
         out.kl_adv = torch.zeros_like(out.w)  # no KL in the advantage: it sits outside the clip
         return out.loss + kl.loss, out.mask, lambda loss: (loss, {**_metrics(out, div, beta),
                                                                   **topk_metrics(kl, out.mask)})  # fmt: skip

@@ -11,7 +11,8 @@ version and signature guards (`rpg.compat`):
   (`rpg.topk_kl.select_support`), as nested (sequence, position, k) int32/fp32 outputs `IDS`, `LOG_PROBS` next to verl's
   ``log_probs`` (so they reach the batch like them: the TransferQueue of the v1 trainer, every data-parallel rank's
   share); when it carries `TRAIN` (direction, tail), the per-token `rpg.topk_kl.topk_kl` of the current logits at the
-  batch's support (`KL`, with gradient) and 1[y ∈ S] (`IN_SUPPORT`), per-token scalars like verl's log-probs;
+  batch's support (`KL`, with gradient), 1[y ∈ S] (`IN_SUPPORT`) and the support's moments of the KL share
+  (`SHARE`, `rpg.topk_kl.share_moments`), per-token scalars like verl's log-probs;
 * ``ActorRolloutRefWorker.compute_log_prob`` / ``compute_ref_log_prob`` / ``update_actor``: they set `SELECT` in the
   pass of the reference (π_old's for the iterative reference, π_ref's for frozen/periodic/EMA: the row's
   ``reference_model``) and `TRAIN` in the update, from the worker's own policy-loss settings; a pass-through otherwise;
@@ -44,6 +45,7 @@ Tensor = torch.Tensor
 SELECT, TRAIN = "rpg_topk_select", "rpg_topk_train"  # non-tensor keys of the batch: k; "direction,tail"
 IDS, LOG_PROBS = "rpg_topk_ids", "rpg_topk_log_probs"  # batch fields: the support, nested (seq, pos, k)
 KL, IN_SUPPORT = "rpg_topk_kl", "rpg_topk_in_support"  # model outputs of the update, per token
+SHARE = tuple(f"rpg_topk_share_{name}" for name in ("sum_a", "sum_aa", "sum_ap", "sum_pp", "sum_sq"))  # float64
 ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
 WORKERS_MODULE = "verl.workers.engine_workers"
 LOSSES_MODULE = "verl.workers.utils.losses"
@@ -56,6 +58,7 @@ class TopKTerms(NamedTuple):
 
     kl: Tensor  # analytic part (+ bucket tail), with gradient through the current logits; 0 on padding
     in_support: Tensor  # bool: the sampled token is in the support
+    moments: Any = None  # rpg.topk_kl.ShareMoments of the KL share (detached), or None
 
 
 _CURRENT: contextvars.ContextVar[Optional[TopKTerms]] = contextvars.ContextVar("rpg_topk_terms", default=None)
@@ -198,9 +201,10 @@ def topk_outputs(output: Any, output_args: dict, micro_batch: Any) -> dict[str, 
         direction, tail = str(train).split(",")
         ids = micro_batch[IDS].values().to(logits.device)
         support = topk_kl.Support(ids, micro_batch[LOG_PROBS].values().to(logits.device))
-        terms = topk_kl.topk_kl(logits, support, direction, tail)
+        terms = topk_kl.topk_kl(logits, support, direction, tail, with_sum_sq=True)
         out[KL] = _nested(terms.kl.float(), micro_batch)
         out[IN_SUPPORT] = _nested(topk_kl.in_support(ids, labels).float(), micro_batch)
+        out.update(zip(SHARE, (_nested(m, micro_batch) for m in topk_kl.share_moments(terms))))
     return out
 
 
@@ -222,8 +226,11 @@ def _wrap_ppo_loss(orig: Callable) -> Callable:
             return orig(config, model_output, data, dp_group=dp_group)
         from verl.workers.utils.padding import no_padding_2_padding
 
-        terms = TopKTerms(no_padding_2_padding(model_output[KL], data),
-                          no_padding_2_padding(model_output[IN_SUPPORT], data) > 0.5)  # fmt: skip
+        from rpg.topk_kl import ShareMoments
+
+        pad = lambda key: no_padding_2_padding(model_output[key], data)  # noqa: E731
+        moments = ShareMoments(*map(pad, SHARE)) if SHARE[0] in model_output else None
+        terms = TopKTerms(pad(KL), pad(IN_SUPPORT) > 0.5, moments)
         token = _CURRENT.set(terms)
         try:
             return orig(config, model_output, data, dp_group=dp_group)

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from rpg.divergences import Divergence, guarded_log_ratio
-from rpg.topk_kl import sampled_tail, sequence_credited
+from rpg.topk_kl import KLShare, kl_share_from_moments, sampled_tail, sequence_credited
 
 Tensor = torch.Tensor
 
@@ -30,6 +30,7 @@ __all__ = ["TopKLoss", "direction", "topk_loss", "topk_metrics"]
 class TopKLoss(NamedTuple):
     loss: Tensor  # (bs, T) β·K per token (credited), 0 on masked tokens
     kl: Tensor  # (bs, T) detached K (analytic + tail), 0 on masked tokens
+    share: Optional[KLShare] = None  # per token β·‖∇_z K‖ and |A|·‖e_y − p‖ (None: the engine gave no moments)
 
 
 def direction(div: Divergence) -> str:
@@ -38,8 +39,9 @@ def direction(div: Divergence) -> str:
 
 
 def topk_loss(settings: Any, div: Divergence, log_prob: Tensor, old_log_prob: Tensor, ref_log_prob: Optional[Tensor],
-              response_mask: Tensor, beta: float) -> TopKLoss:  # fmt: skip
-    """β·K per token of the current micro-batch (module docstring). Shapes (bs, T)."""
+              response_mask: Tensor, beta: float, advantages: Tensor) -> TopKLoss:  # fmt: skip
+    """β·K per token of the current micro-batch (module docstring), and the KL share's per-token norms
+    (`rpg.topk_kl.kl_share`, closed form, no second backward). Shapes (bs, T)."""
     from rpg.topk_hook import current
 
     terms = current()
@@ -62,13 +64,27 @@ def topk_loss(settings: Any, div: Divergence, log_prob: Tensor, old_log_prob: Te
         loss = sequence_credited(kl, log_w, log_rho, mask, beta, way)
     else:
         loss = torch.where(mask, kl * beta, 0.0)
-    return TopKLoss(loss, kl.detach())
+    share = None
+    if terms.moments is not None:
+        share = kl_share_from_moments(terms.moments, way, settings.kl_topk_tail, beta, advantages, log_prob.detach(),
+                                      terms.in_support, mask, old_log_prob, ref_log_prob)  # fmt: skip
+    return TopKLoss(loss, kl.detach(), share)
 
 
 def topk_metrics(term: TopKLoss, mask: Tensor) -> dict[str, float]:
-    """actor/rpg/topk_kl: the mean per-token top-k KL (analytic + tail) over the model tokens (one transfer)."""
+    """Over the model tokens, with one transfer: actor/rpg/topk_kl, the mean per-token top-k KL (analytic + tail);
+    actor/rpg/kl_share, Σ β·‖∇_z K‖ / Σ |A|·‖e_y − p‖ (the KL term's logit-space gradient against the reward term's,
+    per token; beside actor/rpg/kl_adv_rel, which is 0 here: no KL in the advantage)."""
     with torch.no_grad():
         m = mask.bool()
-        n, total = torch.stack([m.sum(dtype=torch.float64), torch.where(m, term.kl, 0.0).sum(dtype=torch.float64)]
-                               ).tolist()  # fmt: skip
-    return {"actor/rpg/topk_kl": total / n} if n > 0 else {}
+        f64 = torch.float64
+        zero = torch.zeros((), dtype=f64, device=m.device)
+        kl_norm, adv_norm = (x.sum(dtype=f64) for x in term.share) if term.share is not None else (zero, zero)
+        n, total, kl_sum, adv_sum = torch.stack([m.sum(dtype=f64), torch.where(m, term.kl, 0.0).sum(dtype=f64),
+                                                 kl_norm, adv_norm]).tolist()  # fmt: skip
+    if n == 0:
+        return {}
+    out = {"actor/rpg/topk_kl": total / n}
+    if term.share is not None:
+        out["actor/rpg/kl_share"] = kl_sum / max(adv_sum, 1e-12)
+    return out

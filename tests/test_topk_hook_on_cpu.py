@@ -5,7 +5,8 @@
   independently here, the gradient reaches the logits of the real rows only, and 1[y ∈ S] reads the next token.
 * Through verl's real fused worker (tiny random Qwen2, FSDP2, CPU platform, the iterative reference): the old-log-prob
   pass returns the support (sorted, and where the sampled token is in it, its log-prob is verl's own `log_probs`:
-  the rows are aligned), the update trains with it and logs a finite `actor/rpg/topk_kl`; without the support in the
+  the rows are aligned), the update trains with it and logs finite `actor/rpg/topk_kl` and `actor/rpg/kl_share`;
+  without the support in the
   batch the update stops with the fix. About 15 s.
 """
 
@@ -58,9 +59,18 @@ def test_the_hooks_kl_is_topk_kl_on_the_scaled_logits_of_the_real_rows(remove_pa
         rows = torch.cat([logits[i, :n] for i, n in enumerate(lengths)])
     out = topk_hook.topk_outputs(SimpleNamespace(logits=logits), args, td)
     direction, tail = train.split(",")
-    expected = topk_kl.topk_kl(rows / temperature, topk_kl.Support(support.ids, support.log_probs.float()),
-                               direction, tail).kl  # fmt: skip
+    terms = topk_kl.topk_kl(rows / temperature, topk_kl.Support(support.ids, support.log_probs.float()), direction,
+                            tail, with_sum_sq=True)  # fmt: skip
+    expected = terms.kl
     got = out[topk_hook.KL].values()
+    # the KL share's moments: the closed form on them is kl_share on the independently flattened rows
+    moments = topk_kl.ShareMoments(*(out[key].values() for key in topk_hook.SHARE))
+    adv, lp_y = torch.randn(total, generator=g), torch.log_softmax(rows.detach() / temperature, -1)[range(total), rolled]
+    inside, valid = topk_kl.in_support(support.ids, rolled), torch.ones(total, dtype=torch.bool)
+    old = lp_y + 0.1
+    share = topk_kl.kl_share_from_moments(moments, direction, tail, 0.5, adv, lp_y, inside, valid, old)
+    want = topk_kl.kl_share(terms, 0.5, adv, lp_y, inside, valid, old)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(share, want)) and share.kl_grad_norm.sum() > 0
     assert got.shape == (total,) and torch.allclose(got, expected, atol=1e-6)
     assert torch.equal(out[topk_hook.IN_SUPPORT].values().bool(), topk_kl.in_support(support.ids, rolled))
     (grad,) = torch.autograd.grad(got.sum(), logits)
@@ -181,6 +191,7 @@ def test_the_worker_selects_the_support_and_trains_with_it(worker):
     kl = metrics["actor/rpg/topk_kl"]
     assert len(kl) == 2 and all(torch.isfinite(torch.tensor(v)) and v >= -1e-6 for v in kl)  # on-policy first step
     assert all(torch.isfinite(torch.tensor(v)).all() for k, v in metrics.items() if k.startswith("actor/rpg/"))
+    assert len(metrics["actor/rpg/kl_share"]) == 2 and all(v >= 0 for v in metrics["actor/rpg/kl_share"])
 
     missing = td.clone()
     del missing[topk_hook.IDS]
