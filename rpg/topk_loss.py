@@ -73,8 +73,9 @@ def topk_loss(settings: Any, div: Divergence, log_prob: Tensor, old_log_prob: Te
 
 def topk_metrics(term: TopKLoss, mask: Tensor) -> dict[str, float]:
     """Over the model tokens, with one transfer: actor/rpg/topk_kl, the mean per-token top-k KL (analytic + tail);
-    actor/rpg/kl_share, Σ β·‖∇_z K‖ / Σ |A|·‖e_y − p‖ (the KL term's logit-space gradient against the reward term's,
-    per token; beside actor/rpg/kl_adv_rel, which is 0 here: no KL in the advantage)."""
+    actor/rpg/kl_share, Σ β·‖∇_z K‖ / (Σ β·‖∇_z K‖ + Σ |A|·‖e_y − p‖) in [0, 1] (the KL term's logit-space gradient
+    against the reward term's, per token, summed; 1 where every advantage is 0, 0 where both vanish; beside
+    actor/rpg/kl_adv_rel, which is 0 here: no KL in the advantage)."""
     with torch.no_grad():
         m = mask.bool()
         f64 = torch.float64
@@ -86,5 +87,5 @@ def topk_metrics(term: TopKLoss, mask: Tensor) -> dict[str, float]:
         return {}
     out = {"actor/rpg/topk_kl": total / n}
     if term.share is not None:
-        out["actor/rpg/kl_share"] = kl_sum / max(adv_sum, 1e-12)
+        out["actor/rpg/kl_share"] = kl_sum / (kl_sum + adv_sum) if kl_sum + adv_sum > 0 else 0.0
     return out

@@ -191,7 +191,7 @@ def test_the_worker_selects_the_support_and_trains_with_it(worker):
     kl = metrics["actor/rpg/topk_kl"]
     assert len(kl) == 2 and all(torch.isfinite(torch.tensor(v)) and v >= -1e-6 for v in kl)  # on-policy first step
     assert all(torch.isfinite(torch.tensor(v)).all() for k, v in metrics.items() if k.startswith("actor/rpg/"))
-    assert len(metrics["actor/rpg/kl_share"]) == 2 and all(v >= 0 for v in metrics["actor/rpg/kl_share"])
+    assert len(metrics["actor/rpg/kl_share"]) == 2 and all(0 < v < 1 for v in metrics["actor/rpg/kl_share"])
 
     missing = td.clone()
     del missing[topk_hook.IDS]
@@ -235,3 +235,19 @@ def test_the_loss_adds_beta_times_the_topk_kl_and_its_sampled_tail(loss_mode, wa
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_got, g_want))
     assert g_got[1][~mask].abs().sum() == 0 and g_got[1][mask].abs().min() > 0  # the analytic part: β, not β·w
     assert metrics["actor/rpg/topk_kl"] == pytest.approx((total * mask).sum().item() / mask.sum().item(), rel=1e-5)
+
+
+def test_the_kl_share_metric_is_the_kl_terms_share_of_both_gradient_norms():
+    from rpg.topk_kl import KLShare
+    from rpg.topk_loss import TopKLoss, topk_metrics
+
+    mask = torch.tensor([[True, True, False]])
+    kl = torch.tensor([[0.2, 0.4, 9.0]])
+    share = KLShare(torch.tensor([0.1, 0.3, 0.0], dtype=torch.float64), torch.tensor([0.6, 1.0, 0.0], dtype=torch.float64))
+    metrics = topk_metrics(TopKLoss(kl, kl, share), mask)
+    assert metrics == pytest.approx({"actor/rpg/topk_kl": 0.3, "actor/rpg/kl_share": 0.4 / 2.0})
+    zero_adv = KLShare(share.kl_grad_norm, torch.zeros(3, dtype=torch.float64))
+    assert topk_metrics(TopKLoss(kl, kl, zero_adv), mask)["actor/rpg/kl_share"] == 1.0  # A = 0: all of it is the KL
+    nothing = KLShare(torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
+    assert topk_metrics(TopKLoss(kl, kl, nothing), mask)["actor/rpg/kl_share"] == 0.0
+    assert topk_metrics(TopKLoss(kl, kl, None), mask) == pytest.approx({"actor/rpg/topk_kl": 0.3})

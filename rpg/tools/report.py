@@ -32,7 +32,7 @@ Outputs in ``--out`` (written atomically):
   (``response_length/mean``) against step, one line per run; 4 panels per row, 400x300 px each.
 * ``diagnostics.png`` and ``diagnostics.md`` (runs that log RPG's metrics): the KL estimate ``actor/rpg/kl``, the
   KL's share of the effective advantage ``actor/rpg/kl_adv_rel``, beside it the top-k KL's gradient share
-  ``actor/rpg/kl_share`` (Σ β·‖∇_z K‖ / Σ |A|·‖e_y − p‖; empty for the sampled estimator) and the token fraction of
+  ``actor/rpg/kl_share`` (the KL's share of the logit-space gradient, in [0, 1]; empty for the sampled estimator) and the token fraction of
   each dual-clip branch ``actor/rpg/frac_<branch>`` against step (8 panels), and their last and mean values per run.
 
 Bad inputs never cost the good runs: an unreadable file (empty, not UTF-8, records of the wrong type) is skipped
