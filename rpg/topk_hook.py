@@ -30,13 +30,12 @@ temperature is not 1 (verl scales out of place too).
 from __future__ import annotations
 
 import contextvars
-import functools
 import sys
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
-from rpg.compat import SUPPORTED_VERL, require_signature, require_version
+from rpg.compat import SUPPORTED_VERL, marked_wrapper, require_signature, require_version
 
 __all__ = ["TopKTerms", "check", "current", "install", "installed", "request_for"]
 
@@ -114,17 +113,7 @@ def _mark(data: Any, key: str, value: Any) -> None:
         tu.assign_non_tensor(data, **{key: value})
 
 
-def _hooked(make: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
-    """Idempotent wrapping that keeps the original's metadata (verl's ``@register`` dispatch) and carries `MARK`."""
-
-    def wrap(orig: Callable) -> Callable:
-        if getattr(orig, MARK, False):
-            return orig
-        wrapper = functools.wraps(orig)(make(orig))
-        setattr(wrapper, MARK, True)
-        return wrapper
-
-    return wrap
+_hooked = marked_wrapper(MARK)  # idempotent, keeps verl's ``@register`` metadata, carries MARK
 
 
 def _worker_method(name: str) -> Callable[[Callable], Callable]:

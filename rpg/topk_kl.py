@@ -335,25 +335,16 @@ def share_moments(terms: TopKKL) -> ShareMoments:
 
 
 @torch.no_grad()
-def kl_share(
-    terms: TopKKL,
-    beta: float,
-    advantages: Tensor,
-    log_prob: Tensor,
-    token_in_support: Tensor,
-    mask: Tensor,
-    old_log_prob: Optional[Tensor] = None,
-    ref_log_prob: Optional[Tensor] = None,
-) -> KLShare:
+def kl_share(terms: TopKKL, *args, **kwargs) -> KLShare:
     """Per token the logit-space gradient norms of the KL term and of the reward term, from the forward's values.
 
     With a_v = ∂K/∂log p_v (v ∈ S; the bucket tail enters through p_T = 1 − Σ_S p) and s the sampled tail's
     coefficient (its ∇_z is s·(e_y − p)), ∇_z K = 1[·∈S]·a + s·e_y − κ·p with κ = Σ_S a + s, hence
     ‖∇_z K‖² = Σ_S (a_v − κp_v)² + κ²·(Σ_T p² − 1[y∈T]·p_y²) + 1[y∈T]·(s − κp_y)²  and  ‖e_y − p‖² = 1 − 2p_y + Σ_V p².
-    `terms` from `topk_kl(..., with_sum_sq=True)`; (N,) inputs: A, log p_y, 1[y∈S], mask, and for the sampled tail
-    log μ_y and log q_y (None: iterative reference). Padding rows are 0."""
-    return kl_share_from_moments(share_moments(terms), terms.direction, terms.tail, beta, advantages, log_prob,
-                                 token_in_support, mask, old_log_prob, ref_log_prob)  # fmt: skip
+    `terms` from `topk_kl(..., with_sum_sq=True)`; then, as `kl_share_from_moments` takes them after the direction
+    and the tail: β, and the (N,) inputs A, log p_y, 1[y∈S], mask, and for the sampled tail log μ_y and log q_y (None:
+    iterative reference). Padding rows are 0."""
+    return kl_share_from_moments(share_moments(terms), terms.direction, terms.tail, *args, **kwargs)
 
 
 @torch.no_grad()

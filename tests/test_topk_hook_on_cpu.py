@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -112,19 +111,11 @@ PROMPTS = [[5, 6, 7, 9], [11, 9], [3, 4, 5, 6, 7, 8, 9], [20, 21, 22]]
 
 @pytest.fixture(scope="module")
 def worker(tiny_qwen2_dir):
-    os.environ.setdefault("VERL_PLATFORM", "cpu")
-    if os.environ["VERL_PLATFORM"] != "cpu":
-        pytest.skip("VERL_PLATFORM is set to another platform")
-    from cpu_worker import compose, one_rank_env
+    from cpu_worker import fused_worker_builder
 
     from rpg import install
 
-    one_rank_env()
-    install.install([install.TOPK_KL])  # what RPG_INSTALL names in a run with kl_estimator=topk
-    import rpg.cpu.hf_rollout  # noqa: F401  (registers rollout.name=hf, needed by the fused worker's init_model)
-    from verl.workers.engine_workers import ActorRolloutRefWorker
-
-    config = compose(tiny_qwen2_dir, [
+    return fused_worker_builder(tiny_qwen2_dir, [
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
@@ -137,33 +128,15 @@ def worker(tiny_qwen2_dir):
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "trainer.n_gpus_per_node=1",
-    ])  # fmt: skip
-    w = ActorRolloutRefWorker(config.actor_rollout_ref.copy(), role="actor_rollout_ref")
-    w.init_model()
-    return w
+    ], installs=(install.TOPK_KL,))()  # fmt: skip
 
 
 def _batch():
-    from tensordict import TensorDict
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
+    from cpu_worker import token_batch
 
     g = torch.Generator().manual_seed(7)
     responses = [torch.randint(3, 48, (n,), generator=g).tolist() for n in (3, 5, 1, 4)]
-    plen, rlen, bs = max(map(len, PROMPTS)), max(map(len, responses)), len(PROMPTS)
-    p_ids, r_ids = torch.zeros(bs, plen, dtype=torch.long), torch.zeros(bs, rlen, dtype=torch.long)
-    p_mask, r_mask = torch.zeros_like(p_ids), torch.zeros_like(r_ids)
-    for i, (p, r) in enumerate(zip(PROMPTS, responses)):
-        p_ids[i, plen - len(p):], p_mask[i, plen - len(p):] = torch.tensor(p), 1
-        r_ids[i, : len(r)], r_mask[i, : len(r)] = torch.tensor(r), 1
-    mask = torch.cat([p_mask, r_mask], 1)
-    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(bs, rlen) * r_mask
-    td = TensorDict({"input_ids": torch.cat([p_ids, r_ids], 1), "attention_mask": mask,
-                     "position_ids": (mask.cumsum(-1) - 1).clamp(min=0), "prompts": p_ids, "responses": r_ids,
-                     "response_mask": r_mask, "advantages": adv}, batch_size=[bs])  # fmt: skip
-    td = left_right_2_no_padding(td)
-    tu.assign_non_tensor(td, temperature=1.0, calculate_entropy=False, compute_loss=False)
-    return td, r_mask.bool()
+    return token_batch(PROMPTS, responses, [1.0, -1.0, 0.5, -0.5])
 
 
 def test_the_worker_selects_the_support_and_trains_with_it(worker):
@@ -251,3 +224,21 @@ def test_the_kl_share_metric_is_the_kl_terms_share_of_both_gradient_norms():
     nothing = KLShare(torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
     assert topk_metrics(TopKLoss(kl, kl, nothing), mask)["actor/rpg/kl_share"] == 0.0
     assert topk_metrics(TopKLoss(kl, kl, None), mask) == pytest.approx({"actor/rpg/topk_kl": 0.3})
+
+
+def test_a_changed_verl_signature_is_refused_and_nothing_is_patched(monkeypatch):
+    import verl.workers.engine.fsdp.transformer_impl as engine
+    import verl.workers.utils.losses as losses
+
+    def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func, extra):
+        return {}
+
+    def ppo_loss(config, model_output, data, dp_group=None):
+        return None
+
+    monkeypatch.setattr(engine.FSDPEngineWithLMHead, "prepare_model_outputs", prepare_model_outputs)
+    monkeypatch.setattr(losses, "ppo_loss", ppo_loss)
+    with pytest.raises(RuntimeError, match=r"prepare_model_outputs\('self', 'output', 'output_args', 'micro_batch', "
+                                           r"'logits_processor_func', 'extra'\)"):  # fmt: skip
+        topk_hook.install()
+    assert engine.FSDPEngineWithLMHead.prepare_model_outputs is prepare_model_outputs and losses.ppo_loss is ppo_loss

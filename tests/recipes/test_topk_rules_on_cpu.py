@@ -4,13 +4,12 @@ before Ray starts (verl's real `ppo_trainer`, composed once per module)."""
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
-from omegaconf import OmegaConf, open_dict
+from recipe_helpers import cfg_with, refused
 
-from rpg.launch import RecipeConfigError, compose_config, validate_rpg
+from rpg.launch import compose_config, validate_rpg
 from rpg.loss_config import RPGPolicyLossConfig
 from rpg.loss_table import LOSSES
 
@@ -33,20 +32,6 @@ FROZEN = {PL + "reference": "frozen", ACTOR + "use_kl_loss": True, ACTOR + "kl_l
 @pytest.fixture(scope="module")
 def base():
     return compose_config(MINIMAL)
-
-
-def cfg_with(base, updates):
-    cfg = copy.deepcopy(base)
-    with open_dict(cfg):
-        for key, value in updates.items():
-            OmegaConf.update(cfg, key, value, force_add=True)
-    return cfg
-
-
-def refused(cfg) -> str:
-    with pytest.raises(RecipeConfigError) as info:
-        validate_rpg(cfg)
-    return str(info.value)
 
 
 def _topk_ok(loss: str) -> dict:
