@@ -14,8 +14,8 @@ version and signature guards (`rpg.compat`):
   batch's support (`KL`, with gradient), 1[y ∈ S] (`IN_SUPPORT`) and the support's moments of the KL share
   (`SHARE`, `rpg.topk_kl.share_moments`), per-token scalars like verl's log-probs;
 * ``ActorRolloutRefWorker.compute_log_prob`` / ``compute_ref_log_prob`` / ``update_actor``: they set `SELECT` in the
-  pass of the reference (π_old's for the iterative reference, π_ref's for frozen/periodic/EMA: the row's
-  ``reference_model``) and `TRAIN` in the update, from the worker's own policy-loss settings; a pass-through otherwise;
+  pass of the KL's reference (π_old's for the iterative reference, π_ref's for frozen/periodic/EMA and for
+  ``grpo_wk3``: the settings' ``needs_ref_log_prob``) and `TRAIN` in the update, from the worker's own policy-loss settings; a pass-through otherwise;
 * verl's ``ppo_loss`` (both bindings, as `rpg.reference.adapter`): pads `KL`/`IN_SUPPORT` to the response layout and
   publishes them for the RPG loss of the call (`current`).
 
@@ -74,9 +74,7 @@ def request_for(settings: Any, method: str) -> Optional[tuple[str, Any]]:
     `SELECT` = k in the reference's log-prob pass, `TRAIN` = "direction,tail" in the update."""
     if not getattr(settings, "topk", False):
         return None
-    from rpg import modes
-
-    reference_model = modes.reference(settings.reference).reference_model
+    reference_model = settings.needs_ref_log_prob  # the KL's reference is π_ref (frozen/periodic/EMA, grpo_wk3)
     if method == "update_actor":
         direction = "reverse" if settings.spec.divergence.reverse else "forward"
         return TRAIN, f"{direction},{settings.kl_topk_tail}"

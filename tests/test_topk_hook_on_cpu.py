@@ -103,6 +103,9 @@ def test_the_reference_pass_selects_and_the_update_trains(method, reference, exp
     assert topk_hook.request_for(RPGPolicyLossConfig(loss_mode="rpg_kl_urkl"), method) is None
     fkl = RPGPolicyLossConfig(loss_mode="rpg_fkl", kl_estimator="topk")
     assert topk_hook.request_for(fkl, "update_actor") == (topk_hook.TRAIN, "forward,sampled")
+    wk3 = RPGPolicyLossConfig(loss_mode="grpo_wk3", kl_estimator="topk", kl_topk=4)  # its KL is to π_ref, always
+    assert topk_hook.request_for(wk3, method) == {"compute_log_prob": None, "update_actor": (topk_hook.TRAIN,
+                                                  "reverse,sampled")}.get(method, (topk_hook.SELECT, 4))  # fmt: skip
 
 
 # ---- verl's fused worker ----------------------------------------------------------------------------------------------

@@ -9,8 +9,6 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from rpg import modes
-
 __all__ = ["rule_topk_engine", "topk_engine_errors", "vocab_size"]
 
 
@@ -31,7 +29,7 @@ def topk_engine_errors(config: DictConfig, settings: Any) -> list[str]:
         return []
     arr, out = config.actor_rollout_ref, []
     what = "policy_loss.kl_estimator=topk"
-    iterative = not modes.reference(settings.reference).reference_model
+    iterative = not settings.needs_ref_log_prob  # the KL's reference is π_old
     if bool(arr.model.get("use_fused_kernels", False)):
         out.append(f"actor_rollout_ref.model.use_fused_kernels=True cannot run with {what}: the fused kernels never "
                    "materialise the logits over the vocabulary, which the support selection and the analytic KL read. "
