@@ -18,6 +18,7 @@ and a new range here.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata as metadata
 import inspect
@@ -26,7 +27,7 @@ from typing import Callable, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["SUPPORTED_VERL", "installed_version", "require_signature", "require_version"]
+__all__ = ["SUPPORTED_VERL", "installed_version", "marked_wrapper", "require_signature", "require_version"]
 
 SUPPORTED_VERL = ">=0.9.1,<0.10"
 
@@ -85,3 +86,22 @@ def require_signature(fn: Callable, params: tuple[str, ...], what: str) -> None:
             f"{installed_version(package) or '?'} has {_qualname(fn)}{actual}. rpg-verl supports verl{SUPPORTED_VERL} "
             f"with the packages it pins (requirements.txt)."
         )
+
+
+def marked_wrapper(mark: str) -> Callable[[Callable[[Callable], Callable]], Callable[[Callable], Callable]]:
+    """A decorator of wrapper factories (`make(orig) -> wrapper`) that makes them idempotent: a function that carries
+    the attribute `mark` is returned as is; a new wrapper keeps the original's metadata (`functools.wraps`: verl's
+    ``@register`` dispatch information) and carries `mark`. Each patch of verl has its own mark."""
+
+    def decorate(make: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
+        @functools.wraps(make)
+        def wrap(orig: Callable) -> Callable:
+            if getattr(orig, mark, False):
+                return orig
+            wrapper = functools.wraps(orig)(make(orig))
+            setattr(wrapper, mark, True)
+            return wrapper
+
+        return wrap
+
+    return decorate

@@ -15,6 +15,9 @@ name in RPG_INSTALL   what is installed                                         
                       registry (`rpg.schedule_free`)                              schedule_free_sync``
 ``mismatch_share``    the share of tokens with |Δ log p| > log 2 in verl's         a smoke run (``SMOKE=1``:
                       ``calculate_debug_metrics`` (`rpg.mismatch`)                 `for_smoke`)
+``topk_kl``           the top-k KL's hook: support selection and per-token KL in  ``policy_loss.kl_estimator=topk``
+                      verl's FSDP engine, its flags on ActorRolloutRefWorker, the
+                      terms published by ppo_loss (`rpg.topk_hook`)
 ====================  ==========================================================  ==================================
 
 Contract (other modules and branches rely on it):
@@ -52,12 +55,13 @@ from rpg import modes
 
 ENV = "RPG_INSTALL"
 REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE = modes.REF_LOG_PROB, modes.WORKER_HOOKS, "schedule_free"
-MISMATCH_SHARE = "mismatch_share"
-NAMES = (REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE, MISMATCH_SHARE)
+MISMATCH_SHARE, TOPK_KL = "mismatch_share", "topk_kl"
+NAMES = (REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE, MISMATCH_SHARE, TOPK_KL)
 MODULES = {REF_LOG_PROB: "rpg.reference.adapter", PERIODIC_REFERENCE: "rpg.reference.hooks",
-           SCHEDULE_FREE: "rpg.schedule_free", MISMATCH_SHARE: "rpg.mismatch"}  # fmt: skip
+           SCHEDULE_FREE: "rpg.schedule_free", MISMATCH_SHARE: "rpg.mismatch", TOPK_KL: "rpg.topk_hook"}  # fmt: skip
 WHAT = {REF_LOG_PROB: "the ref_log_prob adapter around verl's ppo_loss",
-        PERIODIC_REFERENCE: "the periodic/EMA-reference and adaptive-β hooks on verl's ActorRolloutRefWorker"}  # fmt: skip
+        PERIODIC_REFERENCE: "the periodic/EMA-reference and adaptive-β hooks on verl's ActorRolloutRefWorker",
+        TOPK_KL: "the top-k KL hook on verl's FSDP engine, ActorRolloutRefWorker and ppo_loss"}  # fmt: skip
 
 __all__ = ["ENV", "NAMES", "check", "export", "for_smoke", "install", "install_from_environ", "installed", "names",
            "needed", "require", "selected"]  # fmt: skip
@@ -145,9 +149,12 @@ def for_smoke(selection: Iterable[str]) -> tuple[str, ...]:
 def needed(settings: Any) -> tuple[str, ...]:
     """The names an `RPGPolicyLossConfig` needs: `ref_log_prob` when the loss reads ``ref_log_prob`` (a reference
     mode with a reference model, or a loss such as ``grpo_wk3``), and what the rows of its reference and KL-control
-    modes install (`rpg.modes`: the worker hooks for periodic, ema, adaptive)."""
+    modes install (`rpg.modes`: the worker hooks for periodic, ema, adaptive), and the top-k KL's hook for
+    ``kl_estimator=topk``."""
     chosen = {REF_LOG_PROB} if settings.needs_ref_log_prob else set()
     chosen |= {name for row in modes.selected(settings) for name in row.installs}
+    if getattr(settings, "topk", False):  # kl_estimator=topk: the engine hook (rpg.topk_hook)
+        chosen.add(TOPK_KL)
     return tuple(n for n in NAMES if n in chosen)
 
 

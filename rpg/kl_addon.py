@@ -136,9 +136,15 @@ def make_addon_loss(spec: LossSpec):
             old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
         )
         kl = kl_term(log_prob, old_log_prob, response_mask, div, beta, ref, settings.kl_credit)
+        extra = {}
+        if settings.topk:  # the top-k KL in place of the sampled one (docs/losses.md#topk-kl)
+            from rpg.topk_loss import topk_loss, topk_metrics
+
+            topk = topk_loss(settings, div, log_prob, old_log_prob, ref, response_mask, beta, advantages)
+            kl, extra = kl._replace(loss=topk.loss, credit=None), topk_metrics(topk, kl.mask)
 
         def finish(kl_loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-            return base_loss + kl_loss, {**(metrics or {}), **_metrics(kl, div, kl_loss)}
+            return base_loss + kl_loss, {**(metrics or {}), **_metrics(kl, div, kl_loss), **extra}
 
         return kl.loss, kl.mask, finish
 

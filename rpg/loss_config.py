@@ -39,6 +39,9 @@ KL_RATIO = ("clipped", "raw")
 KL_PLACEMENT = ("additive", "inside_clip")
 REFERENCE_MODES = tuple(modes.REFERENCES)  # the rows of the run-mode table (rpg.modes)
 KL_CONTROLS = tuple(modes.KL_CONTROLS)
+KL_ESTIMATORS = ("sampled", "topk")  # docs/losses.md#topk-kl
+KL_TOPK_TAILS = ("sampled", "bucket")  # rpg.topk_kl.TAILS
+TOPK_OPTIONS = ("kl_topk", "kl_topk_tail")  # act only with kl_estimator='topk'
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -68,10 +71,17 @@ class RPGPolicyLossConfig(RPGOptions, PolicyLossConfig):
         if (base_error := base_loss_error(self.base_loss_mode)) is not None:
             raise ValueError(f"RPGPolicyLossConfig: {base_error}")
         _choice("kl_control", self.kl_control, KL_CONTROLS)
+        _choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _choice("kl_topk_tail", self.kl_topk_tail, KL_TOPK_TAILS)
+        if isinstance(self.kl_topk, bool) or not isinstance(self.kl_topk, int) or self.kl_topk < 1:
+            raise ValueError(
+                f"RPGPolicyLossConfig.kl_topk={self.kl_topk!r}: the top-k KL support holds k distinct token ids per "
+                "position, so k must be an integer ≥ 1 (and at most the vocabulary); the recipes' choice is 64"
+            )
         modes.check_settings(self)  # every option of the reference and KL-control rows
-        ineffective = ineffective_options(self)
-        if ineffective:
-            raise ValueError("; ".join(ineffective))
+        refused = ineffective_options(self) + topk_errors(self)
+        if refused:
+            raise ValueError("; ".join(refused))
         if self.spec is not None and (bypass := bypass_error(self.rollout_correction)):
             raise ValueError(bypass)
 
@@ -79,6 +89,11 @@ class RPGPolicyLossConfig(RPGOptions, PolicyLossConfig):
     def spec(self) -> Optional[LossSpec]:
         """The loss-table row of `loss_mode` (`rpg.loss_table.LossSpec`), None for verl's own losses."""
         return loss_spec(self.loss_mode)
+
+    @property
+    def topk(self) -> bool:
+        """True when the loss's KL is the top-k KL (`kl_estimator='topk'`, docs/losses.md#topk-kl)."""
+        return self.spec is not None and self.kl_estimator == "topk"
 
     @property
     def needs_ref_log_prob(self) -> bool:
@@ -102,7 +117,9 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
     if ref.writes_reference:  # also for verl's own losses: it moves verl's reference model
         applies |= {"reference", *ref.option_names}
     if spec is not None:
-        applies |= {"kl_control", *ctl.option_names}
+        applies |= {"kl_control", *ctl.option_names, "kl_estimator"}
+        if settings.kl_estimator == "topk":
+            applies |= set(TOPK_OPTIONS)
     where = f"loss_mode={settings.loss_mode!r}" if spec is not None else f"verl's loss_mode={settings.loss_mode!r}"
     messages = []
     reverse = spec is not None and spec.divergence.reverse
@@ -118,7 +135,9 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
         if name in applies or value == default:
             continue
         owner = modes.option_owner(name)
-        if owner is not None and (spec is not None or owner.setting == "reference"):
+        if name in TOPK_OPTIONS and spec is not None:
+            why = f"it acts only with kl_estimator='topk' (kl_estimator={settings.kl_estimator!r})"
+        elif owner is not None and (spec is not None or owner.setting == "reference"):
             now = getattr(settings, owner.setting)
             why = f"it acts only with {owner.setting}={owner.name!r} ({owner.setting}={now!r})"
         elif owner is not None or name == "kl_control":
@@ -133,6 +152,42 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
             f"(default {default!r}) or choose a loss or reference mode it applies to"
         )
     return messages
+
+
+def topk_errors(settings: RPGPolicyLossConfig) -> list[str]:
+    """One message per setting of an RPG loss that cannot be combined with the top-k KL (kl_estimator='topk'):
+    the analytic KL is a vector over the support, not a function of the sampled token's ratio, so it has no per-token
+    KL weight C_KL to branch on or clip (docs/losses.md#topk-refused); it sits outside the clip as β·K per token."""
+    if not settings.topk:
+        return []
+    spec, out, where = settings.spec, [], f"kl_estimator='topk' with loss_mode={settings.loss_mode!r}"
+    fix = "; or keep kl_estimator='sampled' (the paper's estimator)"
+    if "branch_on" in spec.options and settings.branch_on == "effective_advantage":
+        out.append(
+            f"actor_rollout_ref.actor.policy_loss.branch_on='effective_advantage' cannot run with {where}: the "
+            "effective advantage A' = A + C_KL/w needs the KL gradient along ∇log π_θ(y), and the analytic KL's "
+            "gradient is a vector over the support, so there is no per-token C_KL (docs/losses.md#topk-refused). Set "
+            f"+actor_rollout_ref.actor.policy_loss.branch_on=advantage (the clip follows A, the KL sits outside it){fix}"
+        )
+    if settings.kl_placement == "inside_clip":
+        out.append(
+            f"actor_rollout_ref.actor.policy_loss.kl_placement='inside_clip' cannot run with {where}: the literal "
+            "Algorithm 1 clips β·T(w, ρ)/w, a function of the sampled token's ratio only, which the analytic KL is not "
+            f"(docs/losses.md#topk-refused). Remove it (kl_placement='additive': the KL outside the clip){fix}"
+        )
+    if settings.kl_clamp is not None:
+        out.append(
+            f"actor_rollout_ref.actor.policy_loss.kl_clamp={settings.kl_clamp!r} cannot run with {where}: it clamps "
+            "the one-sample surrogate D̂(w), which the top-k KL replaces (its log-ratios are guarded at ±60 instead; "
+            f"docs/losses.md#topk-costs). Remove it (default None){fix}"
+        )
+    if "kl_ratio" in spec.options and settings.kl_ratio != "clipped":
+        out.append(
+            f"actor_rollout_ref.actor.policy_loss.kl_ratio={settings.kl_ratio!r} has no effect with {where}: it sets "
+            "the ratio at which the one-sample C_KL is evaluated, and the top-k KL has no C_KL. Remove it (default "
+            f"'clipped'){fix}"
+        )
+    return out
 
 
 BYPASS_ERROR = (

@@ -63,6 +63,16 @@ class RPGOptions:
             (``actor/rpg/kl``: the chosen divergence to the reference, per token); > 0 with kl_control='adaptive'.
         kl_horizon: H, in training steps: each step multiplies β by 1 + clip(KL/target − 1, −0.2, 0.2)/H (verl's
             horizon counts sequences: H = verl's horizon / sequences per step). A finite number > 0.2.
+        kl_estimator: how the per-token KL is estimated: "sampled" (the paper's: from the one sampled token, with the
+            exact importance weights) or "topk" (computed from the current logits on a support of `kl_topk` tokens
+            per position, plus a tail; docs/losses.md#topk-kl). The direction follows the loss's divergence row
+            (reverse for rkl/urkl, forward for fkl/ufkl); the support is π_old's top-k (iterative reference) or
+            π_ref's (frozen/periodic/EMA), selected in the pass that computes those log-probs.
+        kl_topk: k, the support's width (kl_estimator='topk'): an integer ≥ 1, at most the vocabulary. The support
+            costs 8·k bytes per token (int32 ids + fp32 log-probs) between the log-prob passes and the update.
+        kl_topk_tail: the tail outside the support (kl_estimator='topk'): "sampled" (1[y∉S]·w·log(p_y/q_y), or
+            ρ·log(q_y/p_y) forward: unbiased in value and gradient) or "bucket" (the tail as one token: a lower bound,
+            biased by −p_T·KL(p(·|T)‖q(·|T)), forward −q_T·KL(q(·|T)‖p(·|T))).
     """
 
     kl_coef: float = 1e-4
@@ -81,6 +91,9 @@ class RPGOptions:
     kl_control: str = modes.DEFAULTS["kl_control"]
     kl_target: float = modes.OPTION_DEFAULTS["kl_target"]
     kl_horizon: float = modes.OPTION_DEFAULTS["kl_horizon"]
+    kl_estimator: str = "sampled"
+    kl_topk: int = 64
+    kl_topk_tail: str = "sampled"
 
 
 def option_defaults() -> dict[str, Any]:

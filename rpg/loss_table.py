@@ -181,7 +181,7 @@ def describe_losses(markdown: bool = False) -> str:
         key = (s.family, s.needs_reference, s.options, s.clip_fields, s.description)
         groups.setdefault(key, []).append(s)
     lines = [
-        "| loss_mode | paper row | what it is | options (all: `kl_coef`, `reference`) | clip | reference model "
+        "| loss_mode | paper row | what it is | options (all: `kl_coef`, `reference`, `kl_estimator` with `kl_topk`, `kl_topk_tail`) | clip | reference model "
         "| authors' `kl_loss_type` |",
         "|---|---|---|---|---|---|---|",
     ]

@@ -436,17 +436,26 @@ def make_policy_loss(spec: LossSpec):
         from rpg.loss_config import clip_settings
 
         clip = ClipParams(*clip_settings(config, spec.clip_fields, spec.name))
+        topk = settings.topk  # the top-k KL replaces the sampled regulariser: the reward part runs with β = 0
+        reward_beta = 0.0 if topk else beta
         if spec.family == FD:
             out = rpg_fully_differentiable(
-                log_prob, old_log_prob, advantages, response_mask, div, beta, clip,
+                log_prob, old_log_prob, advantages, response_mask, div, reward_beta, clip,
                 kl_clamp=settings.kl_clamp, kl_placement=settings.kl_placement, ref_log_prob=ref,
             )  # fmt: skip
         else:
             out = rpg_reinforce(
-                log_prob, old_log_prob, advantages, response_mask, div, beta, clip,
+                log_prob, old_log_prob, advantages, response_mask, div, reward_beta, clip,
                 branch_on=settings.branch_on, kl_ratio=settings.kl_ratio, hard_clip=spec.family == HARDCLIP,
                 ref_log_prob=ref, kl_credit=settings.kl_credit,
             )  # fmt: skip
-        return out.loss, out.mask, lambda loss: (loss, _metrics(out, div, beta))
+        if not topk:
+            return out.loss, out.mask, lambda loss: (loss, _metrics(out, div, beta))
+        from rpg.topk_loss import topk_loss, topk_metrics
+
+        kl = topk_loss(settings, div, log_prob, old_log_prob, ref, response_mask, beta, advantages)
+        out.kl_adv = torch.zeros_like(out.w)  # no KL in the advantage: it sits outside the clip
+        return out.loss + kl.loss, out.mask, lambda loss: (loss, {**_metrics(out, div, beta),
+                                                                  **topk_metrics(kl, out.mask)})  # fmt: skip
 
     return policy_loss_fn(spec, "clip ratios, policy_loss settings", term)

@@ -183,6 +183,14 @@ RPG-URKL — Qwen3-4B, 2K context. Paper: Table 6, Fig. 6, row "RPG-URKL".""",
     _recipe("4b/run_rpg_urkl_4k.sh", """\
 RPG-URKL — Qwen3-4B, 4K context. Paper: Tables 5 and 7, Fig. 5, row "RPG-URKL".""",
            "setup=qwen3_4b_4k", *rpg("rpg", "urkl", "1e-4")),
+    _recipe("4b/run_rpg_urkl_4k_topk.sh", """\
+RPG-URKL with the top-k KL — Qwen3-4B, 4K context. Not a paper row: the pair of run_rpg_urkl_4k.sh (Tables 5 and 7,
+row "RPG-URKL", the sampled estimator) at the paper's β = 1e-4, with the per-token KL computed from the logits on
+π_old's 64 most probable tokens plus the sampled tail (unbiased; docs/losses.md#topk-kl). Costs 512 bytes per token
+between the old-log-prob pass and the update and one more logits gradient in the backward (the memory plan counts
+both). Not trained at this scale yet.""",
+           "setup=qwen3_4b_4k", *rpg("rpg", "urkl", "1e-4"), "actor_rollout_ref.actor.policy_loss.kl_estimator=topk",
+           "actor_rollout_ref.actor.policy_loss.kl_topk=64", "actor_rollout_ref.actor.policy_loss.kl_topk_tail=sampled"),
     _recipe("4b/run_rpg_urkl_8k.sh", """\
 RPG-URKL — Qwen3-4B, 8K context. Paper: Table 3, Fig. 4, row "RPG-URKL".""",
            "setup=qwen3_4b_8k", *rpg("rpg", "urkl", "1e-4")),

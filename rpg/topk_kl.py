@@ -38,6 +38,7 @@ DEFAULT_CHUNK_TOKENS = 1024  # rows of (chunk, V) fp32 at a time: 0.6 GB at V = 
 __all__ = [
     "DIRECTIONS", "TAILS", "Support", "TopKKL", "KLShare", "check_k", "check_options", "chunked_logsumexp",
     "select_support", "gather_log_probs", "in_support", "topk_kl", "sampled_tail", "sequence_credited", "kl_share",
+    "ShareMoments", "share_moments", "kl_share_from_moments",
 ]  # fmt: skip
 
 
@@ -294,24 +295,20 @@ class KLShare(NamedTuple):
     # rows with mask False are 0 in both
 
 
-@torch.no_grad()
-def kl_share(
-    terms: TopKKL,
-    beta: float,
-    advantages: Tensor,
-    log_prob: Tensor,
-    token_in_support: Tensor,
-    mask: Tensor,
-    old_log_prob: Optional[Tensor] = None,
-    ref_log_prob: Optional[Tensor] = None,
-) -> KLShare:
-    """Per token the logit-space gradient norms of the KL term and of the reward term, from the forward's values.
+class ShareMoments(NamedTuple):
+    """Per token, float64, from the forward's values at the support (a_v = ∂K/∂log p_v, the bucket included): what
+    the KL share needs from the logits, so that the engine can hand it to the loss as per-token scalars."""
 
-    With a_v = ∂K/∂log p_v (v ∈ S; the bucket tail enters through p_T = 1 − Σ_S p) and s the sampled tail's
-    coefficient (its ∇_z is s·(e_y − p)), ∇_z K = 1[·∈S]·a + s·e_y − κ·p with κ = Σ_S a + s, hence
-    ‖∇_z K‖² = Σ_S (a_v − κp_v)² + κ²·(Σ_T p² − 1[y∈T]·p_y²) + 1[y∈T]·(s − κp_y)²  and  ‖e_y − p‖² = 1 − 2p_y + Σ_V p².
-    `terms` from `topk_kl(..., with_sum_sq=True)`; (N,) inputs: A, log p_y, 1[y∈S], mask, and for the sampled tail
-    log μ_y and log q_y (None: iterative reference). Padding rows are 0."""
+    sum_a: Tensor  # Σ_S a_v
+    sum_aa: Tensor  # Σ_S a_v²
+    sum_ap: Tensor  # Σ_S a_v·p_v
+    sum_pp: Tensor  # Σ_S p_v²
+    sum_sq: Tensor  # Σ_V p_v²
+
+
+@torch.no_grad()
+def share_moments(terms: TopKKL) -> ShareMoments:
+    """The `ShareMoments` of `terms` (from `topk_kl(..., with_sum_sq=True)`)."""
     if terms.sum_sq.numel() != terms.kl.numel():
         raise ValueError("kl_share needs topk_kl(..., with_sum_sq=True)")
     f64 = torch.float64
@@ -334,11 +331,43 @@ def kl_share(
         else:
             d_t = -q_t * live / p_t.clamp(min=tiny)
         a = a - d_t[:, None] * p
+    return ShareMoments(a.sum(-1), (a * a).sum(-1), (a * p).sum(-1), (p * p).sum(-1), terms.sum_sq.to(f64))
+
+
+@torch.no_grad()
+def kl_share(terms: TopKKL, *args, **kwargs) -> KLShare:
+    """Per token the logit-space gradient norms of the KL term and of the reward term, from the forward's values.
+
+    With a_v = ∂K/∂log p_v (v ∈ S; the bucket tail enters through p_T = 1 − Σ_S p) and s the sampled tail's
+    coefficient (its ∇_z is s·(e_y − p)), ∇_z K = 1[·∈S]·a + s·e_y − κ·p with κ = Σ_S a + s, hence
+    ‖∇_z K‖² = Σ_S (a_v − κp_v)² + κ²·(Σ_T p² − 1[y∈T]·p_y²) + 1[y∈T]·(s − κp_y)²  and  ‖e_y − p‖² = 1 − 2p_y + Σ_V p².
+    `terms` from `topk_kl(..., with_sum_sq=True)`; then, as `kl_share_from_moments` takes them after the direction
+    and the tail: β, and the (N,) inputs A, log p_y, 1[y∈S], mask, and for the sampled tail log μ_y and log q_y (None:
+    iterative reference). Padding rows are 0."""
+    return kl_share_from_moments(share_moments(terms), terms.direction, terms.tail, *args, **kwargs)
+
+
+@torch.no_grad()
+def kl_share_from_moments(
+    m: ShareMoments,
+    direction: str,
+    tail: str,
+    beta: float,
+    advantages: Tensor,
+    log_prob: Tensor,
+    token_in_support: Tensor,
+    mask: Tensor,
+    old_log_prob: Optional[Tensor] = None,
+    ref_log_prob: Optional[Tensor] = None,
+) -> KLShare:
+    """`kl_share` from the support's moments: Σ_S (a_v − κp_v)² = Σa² − 2κ·Σap + κ²·Σp². Any shape (flattened)."""
+    f64 = torch.float64
+    sum_a, sum_aa, sum_ap, sum_pp, vocab_sq = (x.reshape(-1).to(f64) for x in m)
     lpy = log_prob.reshape(-1).to(f64)
     py = lpy.exp()
     outside = ~token_in_support.reshape(-1).bool()
     s = torch.zeros_like(py)
-    if terms.tail == "sampled":
+    if tail == "sampled":
         if old_log_prob is None:
             raise ValueError("kl_share with tail='sampled' needs old_log_prob (log μ_y) for the tail's coefficient")
         old = old_log_prob.reshape(-1).to(f64)
@@ -349,13 +378,12 @@ def kl_share(
         if ref_log_prob is not None:
             lr = torch.where(outside, ref_log_prob.reshape(-1).to(f64) - old, 0.0)
             lr = lr.clamp(-LOG_RATIO_GUARD, LOG_RATIO_GUARD)
-        s = ok_w * (lw.exp() * (lw - lr + 1.0) if terms.direction == "reverse" else -lr.exp())
+        s = ok_w * (lw.exp() * (lw - lr + 1.0) if direction == "reverse" else -lr.exp())
         s = torch.where(outside, s, 0.0)
-    kappa = a.sum(-1) + s
-    vocab_sq = terms.sum_sq.to(f64)
-    tail_sq = (vocab_sq - (p * p).sum(-1)).clamp(min=0.0)  # Σ_T p²
+    kappa = sum_a + s
+    tail_sq = (vocab_sq - sum_pp).clamp(min=0.0)  # Σ_T p²
     tail_sq = torch.where(outside, (tail_sq - py * py).clamp(min=0.0), tail_sq)
-    sq = ((a - kappa[:, None] * p) ** 2).sum(-1) + kappa**2 * tail_sq
+    sq = sum_aa - 2.0 * kappa * sum_ap + kappa**2 * sum_pp + kappa**2 * tail_sq
     sq = sq + torch.where(outside, (s - kappa * py) ** 2, 0.0)
     valid = mask.reshape(-1).bool()
     kl_norm = torch.where(valid, beta * sq.clamp(min=0.0).sqrt(), 0.0)

@@ -73,3 +73,54 @@ def restore_env(saved: dict[str, str | None]) -> None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def fused_worker_builder(model_dir: str, overrides: list[str] | tuple[str, ...], installs: tuple[str, ...] = ()):
+    """A function that builds verl's fused `ActorRolloutRefWorker` (role `actor_rollout_ref`, rollout backend `hf`)
+    in this process under the CPU platform, on `compose(model_dir, overrides)`, after `rpg.install.install(installs)`
+    (what RPG_INSTALL names in a run). Skips the test when VERL_PLATFORM names another platform."""
+    import pytest
+
+    os.environ.setdefault("VERL_PLATFORM", "cpu")
+    if os.environ["VERL_PLATFORM"] != "cpu":
+        pytest.skip("VERL_PLATFORM is set to another platform")
+    from rpg import install
+
+    one_rank_env()
+    install.install(list(installs))
+    import rpg.cpu.hf_rollout  # noqa: F401  (registers rollout.name=hf, needed by the fused worker's init_model)
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    config = compose(model_dir, overrides)
+
+    def build():
+        worker = ActorRolloutRefWorker(config.actor_rollout_ref.copy(), role="actor_rollout_ref")
+        worker.init_model()
+        return worker
+
+    return build
+
+
+def token_batch(prompts: list[list[int]], responses: list[list[int]], advantages: list[float]):
+    """verl's no-padding TensorDict of left-padded `prompts` and right-padded `responses` (one advantage per
+    sequence, broadcast over its response), as the trainer hands it to the log-prob passes (temperature 1, no
+    entropy, no loss); returns (td, response mask (bs, R) bool)."""
+    import torch
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    bs, plen, rlen = len(prompts), max(map(len, prompts)), max(map(len, responses))
+    p_ids, r_ids = torch.zeros(bs, plen, dtype=torch.long), torch.zeros(bs, rlen, dtype=torch.long)
+    p_mask, r_mask = torch.zeros_like(p_ids), torch.zeros_like(r_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        p_ids[i, plen - len(p):], p_mask[i, plen - len(p):] = torch.tensor(p), 1
+        r_ids[i, : len(r)], r_mask[i, : len(r)] = torch.tensor(r), 1
+    mask = torch.cat([p_mask, r_mask], 1)
+    adv = torch.tensor(advantages)[:, None].expand(bs, rlen) * r_mask
+    td = TensorDict({"input_ids": torch.cat([p_ids, r_ids], 1), "attention_mask": mask,
+                     "position_ids": (mask.cumsum(-1) - 1).clamp(min=0), "prompts": p_ids, "responses": r_ids,
+                     "response_mask": r_mask, "advantages": adv}, batch_size=[bs])  # fmt: skip
+    td = left_right_2_no_padding(td)
+    tu.assign_non_tensor(td, temperature=1.0, calculate_entropy=False, compute_loss=False)
+    return td, r_mask.bool()

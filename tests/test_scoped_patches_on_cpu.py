@@ -273,8 +273,10 @@ BASE = ["algorithm.adv_estimator=rpg", "actor_rollout_ref.actor.policy_loss._tar
      (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_ufkl", "+actor_rollout_ref.actor.policy_loss.reference=periodic",
        "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=4"], ("ref_log_prob", "periodic_reference")),
      (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_urkl", "trainer.v1.trainer_mode=schedule_free_sync"],
-      ("schedule_free",))],
-    ids=["iterative", "frozen", "grpo_wk3", "periodic", "schedule_free"],
+      ("schedule_free",)),
+     (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_urkl", "+actor_rollout_ref.actor.policy_loss.reference=frozen",
+       "+actor_rollout_ref.actor.policy_loss.kl_estimator=topk"], ("ref_log_prob", "topk_kl"))],
+    ids=["iterative", "frozen", "grpo_wk3", "periodic", "schedule_free", "topk"],
 )  # fmt: skip
 def test_the_launcher_selects_and_exports_what_the_config_needs(overrides, expected):
     from rpg.launch import compose_config

@@ -165,7 +165,8 @@ def _choice_fields() -> dict[str, list[str]]:
         p + "reference": list(lc.REFERENCE_MODES), p + "kl_ratio": list(lc.KL_RATIO),
         p + "branch_on": list(lc.BRANCH_ON), p + "kl_placement": list(lc.KL_PLACEMENT),
         p + "kl_control": list(lc.KL_CONTROLS), p + "kl_credit": ["token", "sequence"],
-        p + "base_loss_mode": list(ADDON_BASES),
+        p + "base_loss_mode": list(ADDON_BASES), p + "kl_estimator": list(lc.KL_ESTIMATORS),
+        p + "kl_topk_tail": list(lc.KL_TOPK_TAILS),
     }  # fmt: skip
 
 

@@ -69,6 +69,8 @@ NCCL_GIB = 0.5  # NCCL communicator buffers of the trainer's process groups
 VLLM_SLEEP_REMAINDER_GIB = 1.0  # what a sleeping vLLM keeps besides its context: CUDA graphs, non-cumem buffers
 HEADROOM_GIB = 2.0  # allocator fragmentation and small buffers: a phase must fit in budget - headroom
 # Measured on one GPU (issue 33; docs/gpu.md#checking-the-plan-on-one-gpu)
+TOPK_SUPPORT_BYTES = 8  # per token and support entry: int32 id + fp32 log-prob (rpg.topk_kl.Support)
+TOPK_CHUNK_TOKENS = 1024  # rows of the top-k KL's chunked log-sum-exp (rpg.topk_kl.DEFAULT_CHUNK_TOKENS)
 TORCH_CE_FP32_COPIES = 1  # fp32 tokens × vocab tensors torch's cross-entropy path adds at the logits moment (H200)
 CUDA_HIDDEN_MIB = ((81_559, 480), (143_771, 615))  # (NVML total, NVML − mem_get_info total) MiB: H100, H200
 
@@ -190,6 +192,7 @@ class Settings:
     max_num_seqs: int = 1024  # rollout.max_num_seqs: rows vLLM samples in one decode step (at most)
     max_num_batched_tokens: int = 8192  # rollout.max_num_batched_tokens: bounds those rows too
     logprobs_mode: str = "processed_logprobs"  # rollout.logprobs_mode (verl 0.9.1's default)
+    topk: int = 0  # k of the top-k KL's support (policy_loss.kl_estimator=topk); 0: the sampled estimator
 
     def replace(self, **kw: Any) -> "Settings":
         return dataclasses.replace(self, **kw)
@@ -406,6 +409,13 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
              "activations": 2 * activation_bytes_per_token_layer(m, s.compute_bytes) * Ti / GIB,
              "logits": (0.0 if s.fused_kernels else 1.0 + (2.0 if s.entropy else 0.0))
              * Ti * m.vocab_size * s.compute_bytes / GIB}
+    if s.topk:  # docs/losses.md#topk-costs: 8·k bytes per token, the chunked log-sum-exp, its own logits gradient
+        chunk_update, chunk_infer = min(T, TOPK_CHUNK_TOKENS), min(Ti, TOPK_CHUNK_TOKENS)
+        backward["top-k KL support (8·k B/token)"] = TOPK_SUPPORT_BYTES * s.topk * T / GIB
+        backward["top-k KL logits gradient + chunk"] = (T * m.vocab_size * s.compute_bytes
+                                                         + chunk_update * m.vocab_size * 4) / GIB  # fmt: skip
+        infer["top-k KL support + selection chunk"] = (TOPK_SUPPORT_BYTES * s.topk * Ti
+                                                        + 2 * chunk_infer * m.vocab_size * 4) / GIB  # fmt: skip
     update_moments = {"backward": backward, "end of backward": end_backward, "optimizer step": step, "log-prob": infer}
     name, update = max(update_moments.items(), key=lambda kv: sum(kv[1].values()))
     plan = MemoryPlan(model=model or m.name, budget_gib=budget_gib, settings=s, shape=m, rollout=rollout,
@@ -545,7 +555,15 @@ def settings_from_config(config: Any, flash_ce: Optional[bool] = None) -> Settin
         max_num_seqs=int(rollout.get("max_num_seqs", 1024) or 1024),
         max_num_batched_tokens=int(rollout.get("max_num_batched_tokens", 8192) or 8192),
         logprobs_mode=str(rollout.get("logprobs_mode", "processed_logprobs") or "processed_logprobs"),
+        topk=topk_width(actor.get("policy_loss", None) or {}),
     )
+
+
+def topk_width(policy_loss: Any) -> int:
+    """k of the top-k KL's support a policy-loss config selects (`kl_estimator=topk`; default k 64), else 0."""
+    if str(policy_loss.get("kl_estimator", "sampled")) != "topk":
+        return 0
+    return int(policy_loss.get("kl_topk", 64))
 
 
 def budget_from_env(node: Any = None) -> float:

@@ -13,6 +13,7 @@ from rpg import modes
 from rpg.kl_aggregation import rule_kl_aggregation
 from rpg.loss_table import RPG_POLICY_LOSS_TARGETS
 from rpg.preflight.compose import RecipeConfigError, _detached
+from rpg.preflight.topk_rules import rule_topk_engine
 
 
 def is_rpg_loss(loss_mode: str) -> bool:
@@ -199,6 +200,7 @@ RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
     _rule_written_reference_engine,
     _rule_no_adaptive_kl_ctrl,
     rule_kl_aggregation,  # seq-mean-token-mean / an unscaled -norm make the KL inexact (docs/losses.md#kl-aggregation)
+    rule_topk_engine,  # kl_estimator=topk: the verl settings its engine hook cannot run with (docs/losses.md#topk-kl)
 )
 
 
@@ -226,6 +228,8 @@ def validate_rpg(config: DictConfig, policy_loss: Any = None):
       reference stored in fp32;
     * no `algorithm.kl_ctrl.type=adaptive` (ignored by RPG runs; the pointer to `policy_loss.kl_control=adaptive`);
     * an aggregation that keeps the KL exact (`rpg.kl_aggregation`);
+    * `kl_estimator=topk` ⇒ no fused kernels, pad_to_length, Ulysses SP, LoRA, distillation, bypass mode with the
+      iterative reference, legacy or separate_async trainer; `kl_topk` ≤ the vocabulary (`rpg.preflight.topk_rules`);
     """
     from rpg.loss_config import clip_errors
     from rpg.loss_table import ADDON, VERL_CLIP_FIELDS, clip_fields

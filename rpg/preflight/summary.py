@@ -35,6 +35,8 @@ def _loss(config: DictConfig) -> list[tuple[str, str]]:
         kl_coef = pl.get("kl_coef", 1e-4)
         rows = [("loss", f"{loss}, {adv}"), ("beta", modes.describe(control_row, pl, kl_coef)),
                 ("reference", modes.describe(ref_row, pl, kl_coef))]
+        if (estimator := _estimator(config, spec, ref_row)) is not None:  # the sampled estimator: no line
+            rows.append(("KL", estimator))
     else:
         kl = (f"verl's KL loss {actor.kl_loss_type}, coef {actor.kl_loss_coef:g}" if actor.use_kl_loss
               else "no KL loss") + (", KL in reward" if config.algorithm.use_kl_in_reward else "")  # fmt: skip
@@ -43,6 +45,23 @@ def _loss(config: DictConfig) -> list[tuple[str, str]]:
     if "clip_ratio_c" in (spec.clip_fields if spec else ("clip_ratio_c",) if pl.loss_mode == "vanilla" else ()):
         clip += f", dual-clip c {actor.clip_ratio_c:g}"
     return rows + [("clip", clip)]
+
+
+def _estimator(config: DictConfig, spec, ref_row) -> Optional[str]:
+    """The top-k KL's line (its support and its size per step), None for the paper's sampled estimator."""
+    from rpg.preflight.memory import TOPK_SUPPORT_BYTES, topk_width
+
+    pl = config.actor_rollout_ref.actor.policy_loss
+    k = topk_width(pl)
+    if not k:
+        return None
+    data, n = config.data, config.actor_rollout_ref.rollout.n
+    tokens = int(data.train_batch_size) * int(n) * (int(data.max_prompt_length) + int(data.max_response_length))
+    gib = TOPK_SUPPORT_BYTES * k * tokens / 2**30
+    way = "reverse" if spec.divergence.reverse else "forward"
+    source = "π_ref's" if ref_row.reference_model else "π_old's"
+    return (f"top-k, k {k} ({source} top-k), {pl.get('kl_topk_tail', 'sampled')} tail, {way} KL; support "
+            f"{TOPK_SUPPORT_BYTES * k} B per token: up to {gib:.1f} GiB per step (host, TransferQueue)")
 
 
 def _plan(config: DictConfig) -> str:

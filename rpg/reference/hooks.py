@@ -27,13 +27,12 @@ here; Megatron and other engines raise). HDFS checkpoint copies (``default_hdfs_
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any, Callable
 
 from tensordict import TensorDict
 
-from rpg.compat import SUPPORTED_VERL, require_signature, require_version
+from rpg.compat import SUPPORTED_VERL, marked_wrapper, require_signature, require_version
 from rpg import modes
 from rpg.reference.adaptive_kl import AdaptiveBeta
 from rpg.reference.ema import EmaReference
@@ -89,19 +88,9 @@ def worker_states(worker: Any) -> list:
     return [s for row in modes.selected(pl) if (s := _state(worker, row)) is not None]
 
 
-def _hook(make: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
-    """A hook factory made idempotent: a method that carries the hook is returned as is; the new wrapper keeps the
-    original's metadata (verl's ``@register`` dispatch information) and carries `MARK`."""
-
-    @functools.wraps(make)
-    def wrap(orig: Callable) -> Callable:
-        if getattr(orig, MARK, False):
-            return orig
-        wrapper = functools.wraps(orig)(make(orig))
-        setattr(wrapper, MARK, True)
-        return wrapper
-
-    return wrap
+#: a hook factory made idempotent: a method that carries the hook is returned as is; the new wrapper keeps the
+#: original's metadata (verl's ``@register`` dispatch information) and carries `MARK`
+_hook = marked_wrapper(MARK)
 
 
 @_hook

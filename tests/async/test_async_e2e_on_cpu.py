@@ -14,8 +14,9 @@ validation after the last step (docs/async.md#bypass, docs/async.md#modes):
 * **colocate_async** (`TRAINER_MODE=colocate_async`, 4 prompts × 4 responses, one batch generated ahead, partial rollouts through
   the hf server's abort/resume, no DAPO filtering so that step 2 trains on the batch generated ahead) with the periodic reference (K = 2 optimizer steps = every training step with two
   mini-batches) and token-level TIS (`rollout_is=token`), the loss switched to the KL add-on over a non-RPG base
-  (`rpg_kl_urkl` over `gspo`, sequence credit; docs/losses.md#kl-addon): RPG metrics finite (the add-on's
-  `actor/rpg/kl`, `kl_loss`, `kl_credit_abs`), the staleness logged at every step
+  (`rpg_kl_urkl` over `gspo`, sequence credit; docs/losses.md#kl-addon) with the top-k KL (k = 8, π_ref's support
+  carried from the reference pass through the TransferQueue; docs/losses.md#topk-kl): RPG metrics finite (the
+  add-on's `actor/rpg/kl`, `kl_loss`, `topk_kl`, `kl_share`), the staleness logged at every step
   (the second batch was generated, at least in part, by the weights before step 1's update), the reference refreshed
   at both steps, the TIS weights computed, validation finite.
 
@@ -78,6 +79,9 @@ def test_colocate_async_with_periodic_reference_and_tis(tiny_dir, tmp_path):
         "actor_rollout_ref.actor.policy_loss.loss_mode=rpg_kl_urkl",
         "+actor_rollout_ref.actor.policy_loss.base_loss_mode=gspo",
         "+actor_rollout_ref.actor.policy_loss.kl_credit=sequence",
+        # the KL computed at k = 8 tokens per position instead of sampled (docs/losses.md#topk-kl): π_ref's support
+        # selected in the reference pass, carried through the TransferQueue to the update
+        "+actor_rollout_ref.actor.policy_loss.kl_estimator=topk", "+actor_rollout_ref.actor.policy_loss.kl_topk=8",
     ]
     records, text = run_cpu_recipe(tmp_path, "colocate_async", overrides, TRAINER_MODE="colocate_async",
                                    CPU_STEPS="2", CPU_BATCH="4", CPU_MINI_BATCH="2", CPU_N="4", CPU_TEST_FREQ="2",
@@ -91,7 +95,7 @@ def test_colocate_async_with_periodic_reference_and_tis(tiny_dir, tmp_path):
         assert finite(data.get("rollout_corr/rollout_is_mean")), f"step {step}: no TIS weights"
         assert finite(data.get("training/rollout_probs_diff_mean")), f"step {step}: π_old was not recomputed"
         assert "timing_s/ref" in data, f"step {step}: no reference forward"
-        assert {"actor/rpg/kl", "actor/rpg/kl_loss", "actor/rpg/kl_credit_abs"} <= set(data), sorted(data)
+        assert {"actor/rpg/kl", "actor/rpg/kl_loss", "actor/rpg/topk_kl", "actor/rpg/kl_share"} <= set(data), sorted(data)
     assert [train[s]["actor/rpg/ref_refreshed"] for s in (1, 2)] == [1, 1]
     assert [train[s]["actor/rpg/ref_refresh_count"] for s in (1, 2)] == [1, 2]
     assert "[rpg.reference] reference <- policy at training step 2" in text

@@ -302,3 +302,19 @@ def test_the_smoke_report_compares_its_peaks_with_the_plan():
     over = SimpleNamespace(device="cuda", update_gib=(trainer_only + 2.0, 50.0), gpu_peaks={})
     assert "verdict PLAN TOO LOW for update, torch allocated" in M.smoke_comparison(cfg, over)
     assert M.smoke_comparison(cfg, SimpleNamespace(device="cpu", update_gib=(1.0, 1.0), gpu_peaks={})) == ""
+
+
+@pytest.mark.parametrize("k", [16, 64])
+def test_the_topk_kl_adds_its_support_and_its_logits_gradient(k):
+    """kl_estimator=topk (docs/losses.md#topk-costs): 8·k bytes per token in the update's backward and the log-prob
+    pass, plus one more (tokens, V) gradient in compute precision and the chunked log-sum-exp's fp32 rows."""
+    m = SHAPES["Qwen/Qwen3-4B"]
+    s = M.Settings(update_tokens=8192, infer_tokens=2048)
+    base, topk = M.estimate(m, s, 80.0), M.estimate(m, s.replace(topk=k), 80.0)
+    gib = 2**30
+    extra_backward = (8 * k * 8192 + 8192 * m.vocab_size * 2 + 1024 * m.vocab_size * 4) / gib
+    extra_infer = (8 * k * 2048 + 2 * 1024 * m.vocab_size * 4) / gib
+    assert topk.moments["backward"] - base.moments["backward"] == pytest.approx(extra_backward, rel=1e-12)
+    assert topk.moments["log-prob"] - base.moments["log-prob"] == pytest.approx(extra_infer, rel=1e-12)
+    assert topk.moments["optimizer step"] == base.moments["optimizer step"]
+    assert M.topk_width({"kl_estimator": "topk", "kl_topk": k}) == k and M.topk_width({"kl_topk": k}) == 0

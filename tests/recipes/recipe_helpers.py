@@ -65,3 +65,27 @@ def cfg_with(base, **updates):
         for key, value in updates.items():
             OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
     return cfg
+
+
+def cfg_with(base, updates: dict):
+    """A copy of the composed config `base` with `updates` (dotted key -> value, added where absent)."""
+    import copy
+
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = copy.deepcopy(base)
+    with open_dict(cfg):
+        for key, value in updates.items():
+            OmegaConf.update(cfg, key, value, force_add=True)
+    return cfg
+
+
+def refused(cfg) -> str:
+    """The message with which `rpg.launch.validate_rpg` refuses `cfg` (fails the test if it does not)."""
+    import pytest
+
+    from rpg.launch import RecipeConfigError, validate_rpg
+
+    with pytest.raises(RecipeConfigError) as info:
+        validate_rpg(cfg)
+    return str(info.value)

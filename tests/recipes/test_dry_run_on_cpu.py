@@ -115,6 +115,8 @@ ABLATIONS_4B = {  # Fig. 8 (2K clip) and Fig. 9 (4K β and reference): script �
     "run_rpg_reinforce_urkl_4k_adaptive_beta.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "iterative"),
     "run_rpg_reinforce_urkl_4k_seqkl.sh": ("rpg_reinforce_urkl", 1e-4, (0.2, 0.28), 4, "iterative"),
     "run_gspo_urkl_4k.sh": ("rpg_kl_urkl", 1e-4, (3e-4, 4e-4), 4, "iterative"),
+    # beyond the paper: RPG-URKL 4K with the top-k KL at the paper's β (docs/losses.md#topk-use)
+    "run_rpg_urkl_4k_topk.sh": ("rpg_urkl", 1e-4, (0.2, 0.28), 4, "iterative"),
 }
 GPU_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B
 ALL_SCRIPTS = GPU_SCRIPTS + SCRIPTS_CPU

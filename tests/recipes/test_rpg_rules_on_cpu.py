@@ -5,12 +5,10 @@ path."""
 
 from __future__ import annotations
 
-import copy
 import sys
 
 import pytest
-from omegaconf import OmegaConf, open_dict
-from recipe_helpers import RECIPE, overrides
+from recipe_helpers import RECIPE, cfg_with, overrides, refused
 
 from rpg.launch import RecipeConfigError, compose_config, validate_rpg
 
@@ -31,20 +29,6 @@ PL = ACTOR + "policy_loss."
 @pytest.fixture(scope="module")
 def base():
     return compose_config(MINIMAL)
-
-
-def cfg_with(base, updates):
-    cfg = copy.deepcopy(base)
-    with open_dict(cfg):
-        for key, value in updates.items():
-            OmegaConf.update(cfg, key, value, force_add=True)
-    return cfg
-
-
-def refused(cfg) -> str:
-    with pytest.raises(RecipeConfigError) as info:
-        validate_rpg(cfg)
-    return str(info.value)
 
 
 # ---- clip settings ---------------------------------------------------------------------------------------------------

@@ -22,19 +22,11 @@ PROMPTS = [[5, 6, 7, 9], [11, 9], [3, 4, 5, 6, 7, 8, 9], [20, 21, 22]]
 
 @pytest.fixture(scope="module")
 def make_worker(tiny_qwen2_dir):
-    os.environ.setdefault("VERL_PLATFORM", "cpu")
-    if os.environ["VERL_PLATFORM"] != "cpu":
-        pytest.skip("VERL_PLATFORM is set to another platform")
-    from cpu_worker import compose, one_rank_env
+    from cpu_worker import fused_worker_builder
 
     from rpg import install
 
-    one_rank_env()
-    install.install([install.REF_LOG_PROB, install.PERIODIC_REFERENCE])  # what RPG_INSTALL names in a run
-    import rpg.cpu.hf_rollout  # noqa: F401  (registers rollout.name=hf, needed by the fused worker's init_model)
-    from verl.workers.engine_workers import ActorRolloutRefWorker
-
-    config = compose(tiny_qwen2_dir, [
+    return fused_worker_builder(tiny_qwen2_dir, [
         f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI_BATCH}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MINI_BATCH}",
         "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
@@ -47,39 +39,17 @@ def make_worker(tiny_qwen2_dir):
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "trainer.n_gpus_per_node=1",
-    ])  # fmt: skip
-
-    def build():
-        worker = ActorRolloutRefWorker(config.actor_rollout_ref.copy(), role="actor_rollout_ref")
-        worker.init_model()
-        return worker
-
-    return build
+    ], installs=(install.REF_LOG_PROB, install.PERIODIC_REFERENCE))  # fmt: skip
 
 
 def batch(step):
     """Training batch of step `step`: fixed prompts, responses drawn from a per-step seed (no rollout needed)."""
-    from tensordict import TensorDict
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
+    from cpu_worker import token_batch
 
     g = torch.Generator().manual_seed(1000 + step)
     responses = [torch.randint(3, 48, (int(n),), generator=g).tolist() for n in torch.randint(1, 6, (BATCH,),
                                                                                                generator=g)]
-    plen, rlen = max(map(len, PROMPTS)), max(map(len, responses))
-    p_ids, r_ids = torch.zeros(BATCH, plen, dtype=torch.long), torch.zeros(BATCH, rlen, dtype=torch.long)
-    p_mask, r_mask = torch.zeros_like(p_ids), torch.zeros_like(r_ids)
-    for i, (p, r) in enumerate(zip(PROMPTS, responses)):
-        p_ids[i, plen - len(p):], p_mask[i, plen - len(p):] = torch.tensor(p), 1
-        r_ids[i, : len(r)], r_mask[i, : len(r)] = torch.tensor(r), 1
-    mask = torch.cat([p_mask, r_mask], 1)
-    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(BATCH, rlen) * r_mask
-    td = TensorDict({"input_ids": torch.cat([p_ids, r_ids], 1), "attention_mask": mask,
-                     "position_ids": (mask.cumsum(-1) - 1).clamp(min=0), "prompts": p_ids, "responses": r_ids,
-                     "response_mask": r_mask, "advantages": adv}, batch_size=[BATCH])
-    td = left_right_2_no_padding(td)
-    tu.assign_non_tensor(td, temperature=1.0, calculate_entropy=False, compute_loss=False)
-    return td, r_mask.bool()
+    return token_batch(PROMPTS, responses, [1.0, -1.0, 0.5, -0.5])
 
 
 def log_probs(worker, td, ref):

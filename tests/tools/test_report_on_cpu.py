@@ -154,8 +154,9 @@ def test_toy_single_run_figure_size(report, tmp_path):
 
 
 def test_rpg_runs_get_the_diagnostics_panel(report, tmp_path):
-    """A run logging RPG's metrics (the names rpg.losses logs) gets diagnostics.png (KL, kl_adv_rel, 5 branch
-    fractions: 7 panels, 4 × 2 of 400 × 300 px) and diagnostics.md (last / mean per metric, by hand below)."""
+    """A run logging RPG's metrics (the names rpg.losses logs) gets diagnostics.png (KL, kl_adv_rel, the top-k KL's
+    kl_share, 5 branch fractions: 8 panels, 4 × 2 of 400 × 300 px) and diagnostics.md (last / mean per metric, by hand
+    below; "—" for a metric the run does not log)."""
     from rpg.losses import BRANCHES
 
     assert report.RPG_BRANCHES == BRANCHES
@@ -168,8 +169,14 @@ def test_rpg_runs_get_the_diagnostics_panel(report, tmp_path):
     paths = report.report([str(tmp_path / "rpg.log")], tmp_path / "out")
     assert png_size(paths["diagnostics.png"].read_bytes()) == (1600, 600)
     md = paths["diagnostics.md"].read_text(encoding="utf-8").splitlines()
-    assert md[0].startswith("| run | steps | kl last / mean | kl_adv_rel last / mean | frac_pos_grad last / mean |")
-    assert md[2] == "| rpg | 2 | 0.002 / 0.0015 | 0.0004 / 0.0003 | 0.5 / 0.5 | 0.1 / 0.1 | 0.05 / 0.05 | 0.3 / 0.3 | 0.05 / 0.05 |"
+    assert md[0].startswith("| run | steps | kl last / mean | kl_adv_rel last / mean | kl_share last / mean | "
+                            "frac_pos_grad last / mean |")
+    assert md[2] == "| rpg | 2 | 0.002 / 0.0015 | 0.0004 / 0.0003 | — | 0.5 / 0.5 | 0.1 / 0.1 | 0.05 / 0.05 | 0.3 / 0.3 | 0.05 / 0.05 |"
+    hist[1] |= {"actor/rpg/kl_share": 0.25}
+    hist[2] |= {"actor/rpg/kl_share": 0.75}
+    write_console_log(tmp_path / "topk.log", hist)
+    md = report.report([str(tmp_path / "topk.log")], tmp_path / "topk")["diagnostics.md"].read_text(encoding="utf-8")
+    assert "| 0.0004 / 0.0003 | 0.75 / 0.5 | 0.5 / 0.5 |" in md
     # a run of verl's own losses logs none of them: no diagnostics files (test_last_best_table lists the outputs)
     assert not report.has_rpg_metrics(report.load_runs([str(tmp_path / "rpg.log")])[:0])
 
