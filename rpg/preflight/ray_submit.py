@@ -58,6 +58,11 @@ def default_job_id(exp_name: str) -> str:
     return f"rpg-{safe}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{random.randint(0, 32767)}"
 
 
+CONNECT_WAIT_S = 30.0  # how long a submission waits for a cluster's job API to answer at all
+AGENT_WAIT_S = 120.0  # how long a submission waits for a cluster's job agent (a head that has just started)
+NO_AGENT = "No available agent"  # Ray's HTTP 500 answer until the head's dashboard agent is up
+
+
 def _client(address: str):
     try:
         from ray.job_submission import JobSubmissionClient
@@ -67,13 +72,43 @@ def _client(address: str):
             f"{sys.executable} ({e}); activate the environment where rpg-verl is installed (e.g. source "
             f".venv/bin/activate) or set PYTHON to its interpreter, or unset RAY_ADDRESS to run locally"
         ) from None
-    return JobSubmissionClient(address)
+    waited = 0.0
+    while True:  # a head that has just started (or is busy) may not answer yet: CONNECT_WAIT_S, then Ray's error
+        try:
+            return JobSubmissionClient(address)
+        except ConnectionError:
+            if waited >= CONNECT_WAIT_S:
+                raise
+            if waited == 0.0:
+                print(f"[rpg] no answer from the Ray cluster at {address} yet; retrying for up to "
+                      f"{CONNECT_WAIT_S:.0f} s", file=sys.stderr)  # fmt: skip
+            time.sleep(2.0)
+            waited += 2.0
 
 
 async def _tail(client, job_id: str) -> None:
     async for lines in client.tail_job_logs(job_id):
         sys.stdout.write(lines)
         sys.stdout.flush()
+
+
+def _submit_job(client, **job) -> None:
+    """`client.submit_job(**job)`, retried with a growing pause (1, 2, 4, ... 10 s) while the cluster answers that
+    it has no job agent yet, up to AGENT_WAIT_S; any other error at once."""
+    waited, pause = 0.0, 1.0
+    while True:
+        try:
+            client.submit_job(**job)
+            return
+        except RuntimeError as e:
+            if NO_AGENT not in str(e) or waited >= AGENT_WAIT_S:
+                raise
+            if waited == 0.0:
+                print(f"[rpg] the cluster's job agent is not up yet (Ray: {NO_AGENT!r}; a head that has just "
+                      f"started); retrying for up to {AGENT_WAIT_S:.0f} s", file=sys.stderr)  # fmt: skip
+            time.sleep(pause)
+            waited += pause
+            pause = min(2 * pause, 10.0)
 
 
 def submit(cmd: List[str], env: Dict[str, str], repo: str, exp_name: str, names: Sequence[str], client=None) -> int:
@@ -91,7 +126,7 @@ def submit(cmd: List[str], env: Dict[str, str], repo: str, exp_name: str, names:
     print(f"[rpg]   follow: ray job logs --address {address} --follow {job_id}", file=sys.stderr)
     print(f"[rpg]   status: ray job status --address {address} {job_id}", file=sys.stderr)
     print(f"[rpg]   stop:   ray job stop --address {address} {job_id}", file=sys.stderr)
-    client.submit_job(entrypoint=shlex.join(cmd), submission_id=job_id, runtime_env=runtime_env(env, repo, all_names))
+    _submit_job(client, entrypoint=shlex.join(cmd), submission_id=job_id, runtime_env=runtime_env(env, repo, all_names))
     if not follow:
         return 0
     try:
