@@ -54,28 +54,17 @@ def validated(script: Path):
     return validate(composed(script))
 
 
-def cfg_with(base, **updates):
-    """A copy of the composed config `base` with dotted keys (`__` stands for `.`) set; new keys are allowed."""
+def cfg_with(base, updates: dict | None = None, **keyword_updates):
+    """A copy of the composed config `base` with `updates` (dotted key -> value) and `keyword_updates` (`__` stands
+    for `.`) set; new keys are allowed."""
     import copy
 
     from omegaconf import OmegaConf, open_dict
 
     cfg = copy.deepcopy(base)
+    dotted = {**(updates or {}), **{key.replace("__", "."): value for key, value in keyword_updates.items()}}
     with open_dict(cfg):
-        for key, value in updates.items():
-            OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
-    return cfg
-
-
-def cfg_with(base, updates: dict):
-    """A copy of the composed config `base` with `updates` (dotted key -> value, added where absent)."""
-    import copy
-
-    from omegaconf import OmegaConf, open_dict
-
-    cfg = copy.deepcopy(base)
-    with open_dict(cfg):
-        for key, value in updates.items():
+        for key, value in dotted.items():
             OmegaConf.update(cfg, key, value, force_add=True)
     return cfg
 

@@ -23,7 +23,7 @@ def rpg_4b():
 
 # ---- 1. FSDP2 where tested ---------------------------------------------------------------------------------------------
 def test_the_gpu_scripts_are_found():
-    assert (len(SCRIPTS_7B), len(SCRIPTS_4B)) == (60, 34)  # the authors' 60; the paper's 4B rows, async, EMA, β, seq, GSPO
+    assert (len(SCRIPTS_7B), len(SCRIPTS_4B)) == (60, 35)  # the authors' 60; the paper's 4B rows, async, EMA, β, seq, GSPO, top-k
 
 
 ARR = "actor_rollout_ref__"
