@@ -69,6 +69,22 @@ def math_dapo_score(solution_str: str, ground_truth: str) -> ScoreDict:
     return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred}
 
 
+MATH_VERIFY_WARMUP_S = 600.0  # the pool's first worker: a spawned interpreter that imports Math-Verify and sympy
+_math_verify_warm = False
+
+
+def _warm_math_verify(math_verify) -> None:
+    """Start verl's Math-Verify subprocess pool once per process, outside the 30 s a verification may take: the first
+    call otherwise pays the worker's spawn and imports within that timeout and, on a loaded node, scores a correct
+    answer as wrong (seen: a fresh-clone test run, 30.3 s). Skipped if verl's pool helpers are not there."""
+    global _math_verify_warm
+    pool, verify = getattr(math_verify, "_get_pool", None), getattr(math_verify, "_verify_in_subprocess", None)
+    if _math_verify_warm or pool is None or verify is None:
+        return
+    pool().submit(verify, "\\boxed{1}", "\\boxed{1}").result(timeout=MATH_VERIFY_WARMUP_S)
+    _math_verify_warm = True
+
+
 def math_verify_score(solution_str: str, ground_truth: str) -> ScoreDict:
     """Reference Math-Verify scoring (docs/differences.md#s7-4): gold wrapped as ``\\boxed{gt}``, verified by
     Math-Verify (verl's ``math_verify.compute_score``, which runs it in a subprocess pool with a timeout; a timeout
@@ -80,6 +96,7 @@ def math_verify_score(solution_str: str, ground_truth: str) -> ScoreDict:
     from verl.utils.reward_score import math_verify
     from verl.utils.reward_score.math_dapo import last_boxed_only_string, remove_boxed
 
+    _warm_math_verify(math_verify)
     correct = math_verify.compute_score(solution_str, ground_truth) > 0
     boxed = last_boxed_only_string(solution_str)
     pred = remove_boxed(boxed) if boxed is not None else "[INVALID]"

@@ -137,3 +137,32 @@ def test_verl_dataset_rows_are_scored_by_the_dapo_manager(tmp_path, tiny_tokeniz
     )  # fmt: skip
     out = manager.loop.run_until_complete(manager.run_single(data))
     assert out["reward_extra_info"]["acc"] is True and out["reward_score"] == 1.0
+
+
+def test_the_math_verify_pool_is_started_once_outside_the_answer_timeout(monkeypatch):
+    """The first Math-Verify call starts verl's subprocess pool with its own long wait (MATH_VERIFY_WARMUP_S), once;
+    the answer's own 30 s timeout then measures the verification only."""
+    from verl.utils.reward_score import math_verify
+
+    waits, submitted = [], []
+
+    class Future:
+        def result(self, timeout=None):
+            waits.append(timeout)
+            return 1.0
+
+    class Pool:
+        def submit(self, fn, *args):
+            submitted.append(args)
+            return Future()
+
+    import rpg.data.reward as reward_module
+
+    monkeypatch.setattr(reward_module, "_math_verify_warm", False)
+    monkeypatch.setattr(math_verify, "_get_pool", lambda: Pool())
+    warm_before_scoring = []
+    monkeypatch.setattr(math_verify, "compute_score", lambda *a, **k: warm_before_scoring.append(bool(waits)) or 1.0)
+    for _ in range(3):
+        assert reward_module.math_verify_score("so $\\boxed{5}$.", "5")["acc"] is True
+    assert waits == [reward_module.MATH_VERIFY_WARMUP_S] and submitted == [("\\boxed{1}", "\\boxed{1}")]
+    assert warm_before_scoring == [True, True, True]
