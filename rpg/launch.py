@@ -81,6 +81,7 @@ from rpg.preflight.recipe_rules import (  # noqa: F401,E402
 from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_registered, is_rpg_loss, validate_rpg  # noqa: F401,E402
 from rpg.preflight.summary import launch_refusals, summary_lines  # noqa: E402
 from rpg.preflight.wandb_check import check_wandb  # noqa: E402
+from rpg.ray_start import retried_ray_start  # noqa: E402
 from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # noqa: F401,E402
 
 DRY_RUN_ENV = "RPG_DRY_RUN"
@@ -244,7 +245,8 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     if shared_ckpt.needs_check(config):  # several nodes that save: CKPTS_DIR shared, checked once Ray is up
         runner = shared_ckpt.CheckedTaskRunner(runner, config)
     try:
-        run_ppo(config, task_runner_class=runner)
+        with retried_ray_start():  # Ray's fixed 30 s raylet start on a busy machine (rpg/ray_start.py)
+            run_ppo(config, task_runner_class=runner)
     except Exception as e:  # noqa: BLE001 -- only the run-stopping conditions we name are turned into messages
         stop = stop_message(e)
         if stop is None:
