@@ -41,9 +41,10 @@ def test_topk_bench_stand_in_equals_verl_logprobs(dtype, monkeypatch):
     from verl.utils.torch_functional import logprobs_from_logits
 
     monkeypatch.setitem(sys.modules, "verl.utils.torch_functional", None)  # import → ImportError: the stand-in
-    spec = importlib.util.spec_from_file_location("bench_topk_kl_no_verl", REPO / "benchmarks" / "bench_topk_kl.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # the benchmarks folder's modules, as the probe test does
+    monkeypatch.delitem(sys.modules, "bench_topk_kl", raising=False)
+    bench = importlib.import_module("bench_topk_kl")
+    monkeypatch.delitem(sys.modules, "bench_topk_kl")  # a later import sees verl again
     assert bench.LOGPROB_SOURCE.startswith("verl absent")
     g = torch.Generator().manual_seed(0)
     logits = (3 * torch.randn(37, 501, generator=g)).to(dtype)
