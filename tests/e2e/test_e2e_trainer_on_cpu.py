@@ -56,7 +56,7 @@ import pytest
 import torch
 from cpu_trainer import assert_hf_export_is_x, check_steps, finite, run_cpu_recipe, start_cpu_recipe, training_steps
 
-pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.trainer]  # a trainer start-up: its own job (scripts/test.sh)
 
 # wall-clock and machine-state metrics, the only ones allowed to differ between two runs
 TIMING_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")

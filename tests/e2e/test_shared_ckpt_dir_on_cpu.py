@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytestmark = pytest.mark.trainer  # a Ray cluster of two nodes: its own job, one start-up at a time (scripts/test.sh)
+
 BIN = Path(sys.executable).parent
 DRIVER = r"""
 import json, os, sys, time

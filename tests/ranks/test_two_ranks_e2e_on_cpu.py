@@ -31,7 +31,7 @@ import re
 import pytest
 from cpu_trainer import assert_hf_export_is_x, check_steps, run_cpu_recipe
 
-pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.trainer]  # a trainer start-up: its own job (scripts/test.sh)
 
 SIZES = dict(CPU_RANKS="2", CPU_BATCH="4", CPU_N="4", CPU_SEED="0")  # 16 sequences per step, 8 per rank
 BETA_TARGET, BETA_H = 1e-4, 2.0  # the adaptive β (docs/losses.md#adaptive-beta) on the smoke run

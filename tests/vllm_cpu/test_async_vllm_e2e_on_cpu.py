@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from cpu_trainer import finite, run_cpu_recipe, training_steps
 
-pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.trainer]  # a trainer start-up: its own job (scripts/test.sh)
 
 GAP = "training/rollout_probs_diff_mean"
 STALENESS = "training/off_policy/trajectory_staleness"

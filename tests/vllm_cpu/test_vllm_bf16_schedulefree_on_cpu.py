@@ -10,7 +10,7 @@ import pytest
 from cpu_trainer import run_cpu_recipe, training_steps
 from vllm_runs import GAP, PROBE, SIZES, SMALL_VAL, check_rpg_step, gaps, val_steps
 
-pytestmark = pytest.mark.slow  # a minute or more: scheduled first (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.trainer]  # a trainer start-up: its own job (scripts/test.sh)
 
 PUSH = re.compile(r"\[sync_probe\] step (\d+): weights sum (\S+)")
 
