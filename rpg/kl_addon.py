@@ -26,16 +26,17 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from rpg.divergences import Divergence, guarded_log_ratio
+from rpg.divergences import LOG_RATIO_GUARD, Divergence, guarded_log_ratio
 from rpg.kl_aggregation import addon_kl_agg_mode
 from rpg.kl_credit import SequenceCredit, sequence_credit
 from rpg.loss_table import LossSpec
 from rpg.losses import policy_loss_fn, reference_ratio
 from rpg.reference import step
+from rpg.topk_kl import share_ratio
 
 Tensor = torch.Tensor
 
-__all__ = ["KLTerm", "aggregate_kl", "kl_log_ratio", "kl_term", "make_addon_loss"]
+__all__ = ["KLTerm", "aggregate_kl", "kl_log_ratio", "kl_term", "make_addon_loss", "sampled_share"]
 
 
 def kl_log_ratio(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> Tensor:
@@ -94,19 +95,43 @@ def aggregate_kl(loss_mat: Tensor, mask: Tensor, loss_agg_mode: str, batch_info:
     return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=addon_kl_agg_mode(loss_agg_mode), **batch_info)
 
 
-def _metrics(term: KLTerm, div: Divergence, kl_loss: Tensor) -> dict[str, float]:
-    """actor/rpg/{kl, kl_loss, ratio_mean, ratio_max, ratio_min[, kl_credit_abs]} over the model tokens, with one
-    device→host transfer; {} for a micro-batch without model tokens."""
+def sampled_share(term: KLTerm, div: Divergence, beta: float, advantages: Tensor, log_prob: Tensor,
+                  old_log_prob: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The KL share's per-token norms for the sampled KL (docs/losses.md#sampled-share). The term's logit-space
+    gradient is c_t·(e_y − p) with c_t = ∂K_t/∂log π_θ(y_t|h_t) = −β·C_KL(w_t, ρ_t) (token credit; sequence credit:
+    −β·P_t·C_KL + β·G_t, or −β·R_t·C_KL), 0 beyond the ±60 guard; the reward term's is A_t·(e_y − p). Same direction:
+    per token the share is |c_t|/(|c_t| + |A_t|) exactly. Summed over tokens, each is weighted by n_t = 1 − p_y, the
+    sampled token's part of ‖e_y − p‖ (‖e_y − p‖/n_t ∈ [1, √2]; the full norm needs Σ_V p², which only the top-k
+    pass computes). Returns (|c_t|·n_t, |A_t|·n_t), float64, 0 on masked tokens. Shapes (bs, T)."""
+    with torch.no_grad():
+        f64 = torch.float64
+        c = -beta * div.kl_component(term.log_w, term.w, term.log_rho, term.rho).to(f64)
+        if term.credit is not None:
+            c = c * term.credit.history.to(f64)
+            if term.credit.future is not None:
+                c = c + term.credit.future.to(f64)
+        live = term.mask & ((log_prob.detach() - old_log_prob.detach()).abs() <= LOG_RATIO_GUARD)  # the guard's clamp
+        n = (-torch.expm1(log_prob.detach().to(f64))).clamp(min=0.0)  # 1 − p_y
+        return (torch.where(live, c.abs() * n, 0.0),
+                torch.where(term.mask, advantages.detach().to(f64).abs() * n, 0.0))
+
+
+def _metrics(term: KLTerm, div: Divergence, kl_loss: Tensor,
+             share: Optional[tuple[Tensor, Tensor]] = None) -> dict[str, float]:  # fmt: skip
+    """actor/rpg/{kl, kl_loss, ratio_mean, ratio_max, ratio_min[, kl_credit_abs][, kl_share]} over the model tokens,
+    with one device→host transfer; {} for a micro-batch without model tokens. `share`: `sampled_share`'s norms."""
     with torch.no_grad():
         mask, w = term.mask, term.w
         valid = mask.to(w.dtype)
         estimate = torch.where(mask, div.estimate(term.log_w, w, term.log_rho, term.rho), 0.0)
         credit = term.credit.future if term.credit is not None and term.credit.future is not None else None
-        stats = torch.stack([
+        zero = valid.new_zeros(())
+        stats = torch.stack([x.double() for x in (
             valid.sum(), estimate.sum(), (w * valid).sum(), torch.where(mask, w, 0.0).amax(),
             torch.where(mask, w, torch.finfo(w.dtype).max).amin(), kl_loss.detach().to(w.dtype),
-            (credit.abs() * valid).sum() if credit is not None else valid.new_zeros(()),
-        ]).double().tolist()  # fmt: skip
+            (credit.abs() * valid).sum() if credit is not None else zero,
+            *((x.sum(dtype=torch.float64) for x in share) if share is not None else (zero, zero)),
+        )]).tolist()  # fmt: skip
     n = stats[0]
     step.add_loss_kl(stats[1], n)  # the adaptive β's KL estimate (a no-op outside a training step)
     if n == 0:
@@ -120,6 +145,8 @@ def _metrics(term: KLTerm, div: Divergence, kl_loss: Tensor) -> dict[str, float]
     }
     if credit is not None:
         out["actor/rpg/kl_credit_abs"] = stats[6] / n
+    if share is not None:
+        out["actor/rpg/kl_share"] = share_ratio(stats[7], stats[8])
     return out
 
 
@@ -142,9 +169,10 @@ def make_addon_loss(spec: LossSpec):
 
             topk = topk_loss(settings, div, log_prob, old_log_prob, ref, response_mask, beta, advantages)
             kl, extra = kl._replace(loss=topk.loss, credit=None), topk_metrics(topk, kl.mask)
+        share = None if settings.topk else sampled_share(kl, div, beta, advantages, log_prob, old_log_prob)
 
         def finish(kl_loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-            return base_loss + kl_loss, {**(metrics or {}), **_metrics(kl, div, kl_loss), **extra}
+            return base_loss + kl_loss, {**(metrics or {}), **_metrics(kl, div, kl_loss, share), **extra}
 
         return kl.loss, kl.mask, finish
 

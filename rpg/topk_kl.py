@@ -38,7 +38,7 @@ DEFAULT_CHUNK_TOKENS = 1024  # rows of (chunk, V) fp32 at a time: 0.6 GB at V = 
 __all__ = [
     "DIRECTIONS", "TAILS", "Support", "TopKKL", "KLShare", "check_k", "check_options", "chunked_logsumexp",
     "select_support", "gather_log_probs", "in_support", "topk_kl", "sampled_tail", "sequence_credited", "kl_share",
-    "ShareMoments", "share_moments", "kl_share_from_moments",
+    "ShareMoments", "share_moments", "kl_share_from_moments", "share_ratio",
 ]  # fmt: skip
 
 
@@ -348,6 +348,12 @@ def kl_share(terms: TopKKL, *args, **kwargs) -> KLShare:
 
 
 @torch.no_grad()
+def share_ratio(kl_sum: float, adv_sum: float) -> float:
+    """actor/rpg/kl_share from the summed per-token norms: Σ kl / (Σ kl + Σ adv) in [0, 1] (1 where every advantage is
+    0, 0 where both vanish); shared by the sampled and the top-k KL."""
+    return kl_sum / (kl_sum + adv_sum) if kl_sum + adv_sum > 0 else 0.0
+
+
 def kl_share_from_moments(
     m: ShareMoments,
     direction: str,

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from rpg.divergences import Divergence, guarded_log_ratio
-from rpg.topk_kl import KLShare, kl_share_from_moments, sampled_tail, sequence_credited
+from rpg.topk_kl import KLShare, kl_share_from_moments, sampled_tail, sequence_credited, share_ratio
 
 Tensor = torch.Tensor
 
@@ -87,5 +87,5 @@ def topk_metrics(term: TopKLoss, mask: Tensor) -> dict[str, float]:
         return {}
     out = {"actor/rpg/topk_kl": total / n}
     if term.share is not None:
-        out["actor/rpg/kl_share"] = kl_sum / (kl_sum + adv_sum) if kl_sum + adv_sum > 0 else 0.0
+        out["actor/rpg/kl_share"] = share_ratio(kl_sum, adv_sum)
     return out

@@ -24,6 +24,7 @@ from verl_batch import actor_config
 
 import rpg.kl_addon
 import rpg.reference.adapter
+from rpg.divergences import DIVERGENCES
 from rpg.loss_table import ADDON_BASES
 from rpg_oracles import DIVS
 
@@ -376,3 +377,60 @@ def test_addon_with_an_ema_reference_and_an_adaptive_beta(base, monkeypatch):
     assert torch.equal(got[0], fixed[0]) and torch.equal(got[1], fixed[1])
     assert not torch.equal(got[0], ema[0])  # β changed the loss: the check can fail
     assert tokens == mask.sum().item() and kl_sum / tokens == pytest.approx(got[2]["actor/rpg/kl"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the KL share of the sampled KL (docs/losses.md#sampled-share)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("div", DIVS)
+@pytest.mark.parametrize("credit", ["token", "sequence"])
+def test_sampled_share_norms_are_the_kl_terms_own_gradient(div, credit):
+    """|∂K_t/∂log π_θ(y_t)| by autograd of the KL term itself, times 1 − p_y; a ratio beyond the ±60 guard gets 0."""
+    old, log_prob, adv, mask, ref, _ = random_batch(3)
+    log_prob[0, 1] = old[0, 1] - 70.0  # beyond the guard: the clamp's gradient is 0 (and 1 − p_y ≈ 1)
+    row = DIVERGENCES[div]
+    lp = log_prob.clone().requires_grad_(True)
+    term = rpg.kl_addon.kl_term(lp, old, mask, row, BETA, ref, credit)
+    (c,) = torch.autograd.grad(term.loss.sum(), lp)
+    kl_norm, adv_norm = rpg.kl_addon.sampled_share(term, row, BETA, adv, lp, old)
+    n = (1 - log_prob.exp()).clamp(min=0)
+    assert torch.allclose(kl_norm, torch.where(mask, c.abs() * n, 0.0), rtol=1e-12, atol=1e-14)
+    assert torch.allclose(adv_norm, torch.where(mask, adv.abs() * n, 0.0), rtol=1e-12, atol=0)
+    assert kl_norm[0, 1] == 0 and (kl_norm[mask] > 0).double().mean() > 0.8
+
+
+@pytest.mark.parametrize("div", DIVS)
+def test_sampled_share_is_exact_per_token_and_bounded_in_sum_against_the_logit_gradients(div):
+    """With the full distribution: per token |c|/(|c| + |A|) = ‖∇_z K‖/(‖∇_z K‖ + |A|·‖e_y − p‖) (both along e_y − p),
+    and 1 − p_y ≤ ‖e_y − p‖ ≤ √2·(1 − p_y), so each summed norm is within √2 of the exact one."""
+    g = torch.Generator().manual_seed(5)
+    bs, T, V = 4, 5, 6
+    z = torch.randn(bs, T, V, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, V, (bs, T), generator=g)
+    old, _, adv, mask, ref, _ = random_batch(4, bs, T)
+    log_prob = torch.log_softmax(z, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    row = DIVERGENCES[div]
+    term = rpg.kl_addon.kl_term(log_prob, old, mask, row, BETA, ref, "token")
+    kl_norm, adv_norm = rpg.kl_addon.sampled_share(term, row, BETA, adv, log_prob, old)
+    exact_kl, exact_adv = torch.zeros(bs, T, dtype=torch.float64), torch.zeros(bs, T, dtype=torch.float64)
+    for b in range(bs):
+        for t in range(T):
+            if mask[b, t]:
+                (gk,) = torch.autograd.grad(term.loss[b, t], z, retain_graph=True)
+                (gr,) = torch.autograd.grad(log_prob[b, t], z, retain_graph=True)  # e_y − p at (b, t)
+                exact_kl[b, t], exact_adv[b, t] = gk[b, t].norm(), adv[b, t].abs() * gr[b, t].norm()
+    m = mask & (adv != 0)
+    assert torch.allclose((kl_norm / (kl_norm + adv_norm))[m], (exact_kl / (exact_kl + exact_adv))[m], rtol=1e-10)
+    for approx, exact in ((kl_norm, exact_kl), (adv_norm, exact_adv)):
+        assert (approx <= exact * (1 + 1e-12)).all() and (exact <= approx * 2**0.5 * (1 + 1e-12)).all()
+
+
+def test_the_addon_logs_the_sampled_share():
+    old, log_prob, adv, mask, ref, weights = random_batch(6)
+    cfg = cfg_for("rpg_kl_urkl", base="gspo", reference="frozen")
+    _, _, metrics = call("rpg_kl_urkl", cfg, old, log_prob, adv, mask, weights, ref=ref)
+    row = DIVERGENCES["urkl"]
+    term = rpg.kl_addon.kl_term(log_prob, old, mask, row, BETA, ref, "token")
+    kl_norm, adv_norm = rpg.kl_addon.sampled_share(term, row, BETA, adv, log_prob, old)
+    expected = (kl_norm.sum() / (kl_norm.sum() + adv_norm.sum())).item()
+    assert 0 < metrics["actor/rpg/kl_share"] < 1 and abs(metrics["actor/rpg/kl_share"] - expected) < 1e-12, metrics

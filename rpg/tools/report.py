@@ -31,8 +31,9 @@ Outputs in ``--out`` (written atomically):
   to ``critic/rewards/mean``), entropy (``actor/entropy``) and response length
   (``response_length/mean``) against step, one line per run; 4 panels per row, 400x300 px each.
 * ``diagnostics.png`` and ``diagnostics.md`` (runs that log RPG's metrics): the KL estimate ``actor/rpg/kl``, the
-  KL's share of the effective advantage ``actor/rpg/kl_adv_rel``, beside it the top-k KL's gradient share
-  ``actor/rpg/kl_share`` (the KL's share of the logit-space gradient, in [0, 1]; empty for the sampled estimator) and the token fraction of
+  KL's share of the effective advantage ``actor/rpg/kl_adv_rel``, beside it the KL's gradient share
+  ``actor/rpg/kl_share`` (the KL's share of the logit-space gradient, in [0, 1]: the top-k KL and the KL add-on;
+  empty for the RPG losses with the sampled estimator, which log kl_adv_rel) and the token fraction of
   each dual-clip branch ``actor/rpg/frac_<branch>`` against step (8 panels), and their last and mean values per run.
 
 Bad inputs never cost the good runs: an unreadable file (empty, not UTF-8, records of the wrong type) is skipped
@@ -68,12 +69,12 @@ TRAIN_PANELS = (
 # RPG's own diagnostics (rpg/losses.py `_metrics`; docs/losses.md): the KL estimate, the KL's share of the effective
 # advantage A' = A + C/w, and the fraction of tokens in each dual-clip branch.
 RPG_KL, RPG_KL_ADV_REL = "actor/rpg/kl", "actor/rpg/kl_adv_rel"
-RPG_KL_SHARE = "actor/rpg/kl_share"  # the top-k KL's logit-space gradient share (rpg/topk_loss.py)
+RPG_KL_SHARE = "actor/rpg/kl_share"  # the KL's logit-space gradient share (rpg/topk_loss.py, rpg/kl_addon.py)
 RPG_BRANCHES = ("pos_grad", "pos_flat_high", "neg_flat_low", "neg_grad", "neg_flat_c")  # rpg.losses.BRANCHES
 RPG_PANELS = (
     ("KL estimate: rpg/kl", RPG_KL),
     ("KL share of A': rpg/kl_adv_rel", RPG_KL_ADV_REL),
-    ("KL gradient share (top-k): rpg/kl_share", RPG_KL_SHARE),
+    ("KL gradient share: rpg/kl_share", RPG_KL_SHARE),
     *((f"tokens in branch: rpg/frac_{b}", f"actor/rpg/frac_{b}") for b in RPG_BRANCHES),
 )
 PANEL_PX = (400, 300)
