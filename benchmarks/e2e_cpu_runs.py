@@ -4,6 +4,8 @@
     python benchmarks/e2e_cpu_runs.py compare   [--steps 50] [--seed 0] [--out artifacts/cpu-compare]
                                                 [--reuse rpg_reinforce_urkl=artifacts/demo/metrics.jsonl]
     python benchmarks/e2e_cpu_runs.py step-time [--steps 12] [--seed 0] [--out artifacts/bench]
+    python benchmarks/e2e_cpu_runs.py beta-sweep [--steps 20] [--seeds 0 1] [--betas 0 0.03 0.3 3]
+                                                 [--out artifacts/beta-sweep]
 
 ``compare``: RPG-REINFORCE-URKL, GRPO and DAPO (recipe/rpg/cpu/run_*.sh, i.e. each method's GPU recipe with only the
 sizes changed by the CPU profile) with the same seed, steps, data and validation (before training and every 10 steps,
@@ -14,6 +16,14 @@ validation accuracy before/after and wall time per method.
 ``timing_s/ref``) against the frozen reference (verl's reference worker computes ``ref_log_prob`` every step:
 ``reference=frozen``, ``use_kl_loss=True``, ``kl_loss_coef=0``). No validation and no group filtering, so every step
 does the same work; reports the mean ``timing_s/step`` over steps >= 3 and the ratio, to ``step_time.json``.
+
+``beta-sweep``: the KL add-on over verl's vanilla loss (`rpg_kl_urkl`, docs/losses.md#kl-addon: RPG-URKL's gradient)
+against the frozen initial model (verl's reference worker), with the KL sampled (one token per position) and computed
+at the top-k = 8 tokens with the sampled tail (docs/losses.md#topk-kl), for each β and seed (β = 0 once per seed:
+no KL, the estimators coincide). 8 prompts × 8 responses, two updates per step, validation before training and every
+10 steps (4 samples per held-out prompt). Writes ``sweep.json`` (per run: validation accuracy before/after, the mean
+over the last 5 steps of ``actor/rpg/kl`` (the KL to the reference), ``actor/rpg/kl_share`` and reward) and
+rpg.tools.report's figures of all runs (``curves.png``, ``diagnostics.png`` with the KL-share curves).
 
 Outputs are written atomically; per-run console logs and metrics (verl's file logger) stay next to them.
 """
@@ -125,22 +135,66 @@ def step_time(args) -> dict:
     return summary
 
 
+SWEEP = ["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_kl_urkl",
+         "+actor_rollout_ref.actor.policy_loss.base_loss_mode=vanilla", *FROZEN_REF, "trainer.val_before_train=True", "actor_rollout_ref.rollout.val_kwargs.n=4"]
+ESTIMATORS = {"sampled": [], "topk": ["+actor_rollout_ref.actor.policy_loss.kl_estimator=topk",
+                                      "+actor_rollout_ref.actor.policy_loss.kl_topk=8"]}
+
+
+def last_mean(records: list[dict], key: str, n: int = 5) -> Optional[float]:
+    values = [r["data"][key] for r in records if key in r["data"]][-n:]
+    return round(statistics.mean(values), 6) if values else None
+
+
+def beta_sweep(args) -> dict:
+    env = {"CPU_STEPS": str(args.steps), "CPU_TEST_FREQ": "10", "CPU_BATCH": "8", "CPU_N": "8", "CPU_MINI_BATCH": "4"}
+    summary, specs = {}, []
+    for seed in args.seeds:
+        for beta in args.betas:
+            for estimator, extra in ESTIMATORS.items():
+                if beta == 0 and estimator != "sampled":
+                    continue  # no KL term: the estimators coincide
+                name = f"beta{beta:g}_{estimator if beta else 'none'}_s{seed}"
+                metrics = args.out / f"{name}.jsonl"
+                records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
+                    if args.resume and metrics.exists() else []  # fmt: skip
+                wall = None
+                if max((r["step"] for r in records), default=0) < args.steps:  # absent, or cut short: run it
+                    records, wall = run("run_rpg_reinforce_urkl.sh", name, args.out, {**env, "CPU_SEED": str(seed)},
+                                        [*SWEEP, f"recipe.beta={beta:g}", *extra])  # fmt: skip
+                val = validation(records)
+                summary[name] = {"beta": beta, "estimator": estimator if beta else "none", "seed": seed,
+                                 "val_acc_before": val[min(val)], "val_acc_after": val[max(val)],
+                                 "kl_last5": last_mean(records, "actor/rpg/kl"),
+                                 "kl_share_last5": last_mean(records, "actor/rpg/kl_share"),
+                                 "reward_last5": last_mean(records, "critic/score/mean"),
+                                 "wall_s": None if wall is None else round(wall, 1)}
+                specs.append(f"{name}={metrics}")
+    if report.main([*specs, "--out", str(args.out)]) != 0:
+        raise SystemExit("[e2e_cpu_runs] the report failed")
+    return summary
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["compare", "step-time"])
-    ap.add_argument("--steps", type=int, default=None, help="training steps (compare: 50, step-time: 12)")
+    ap.add_argument("what", choices=["compare", "step-time", "beta-sweep"])
+    ap.add_argument("--steps", type=int, default=None, help="training steps (compare: 50, step-time: 12, beta-sweep: 20)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="beta-sweep: the seeds")
+    ap.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.03, 0.3, 3.0], help="beta-sweep: the β values")
+    ap.add_argument("--resume", action="store_true", help="beta-sweep: keep the runs that reached the last step")
     ap.add_argument("--out", type=Path, default=None, help="artifacts/cpu-compare or artifacts/bench")
     ap.add_argument("--reuse", action="append", default=[], metavar="METHOD=JSONL",
                     help="compare: use this finished run's metrics instead of running METHOD (same settings!)")
     args = ap.parse_args(argv)
-    args.steps = args.steps or (50 if args.what == "compare" else 12)
-    args.out = (args.out or ROOT / "artifacts" / ("cpu-compare" if args.what == "compare" else "bench")).resolve()
+    args.steps = args.steps or {"compare": 50, "step-time": 12, "beta-sweep": 20}[args.what]
+    default_out = {"compare": "cpu-compare", "step-time": "bench", "beta-sweep": "beta-sweep"}[args.what]
+    args.out = (args.out or ROOT / "artifacts" / default_out).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     if tiny_model.main(["--out", str(ROOT / "artifacts" / "tiny")]) != 0:
         raise SystemExit("[e2e_cpu_runs] building the tiny model failed")
-    summary = compare(args) if args.what == "compare" else step_time(args)
-    name = "summary.json" if args.what == "compare" else "step_time.json"
+    summary = {"compare": compare, "step-time": step_time, "beta-sweep": beta_sweep}[args.what](args)
+    name = {"compare": "summary.json", "step-time": "step_time.json", "beta-sweep": "sweep.json"}[args.what]
     atomic_write_json(args.out / name, summary, indent=1)
     print(json.dumps(summary, indent=1))
     return 0
