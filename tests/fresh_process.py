@@ -6,12 +6,15 @@ A check that needs a fresh process so that `import verl` (the plugin, `RPG_INSTA
 checks that none of their modules is loaded), then forks one child per case: each child runs its code as
 `python -c CODE ARGS` would (``__main__``, ``sys.argv``, its own environment, stdout and stderr, exit status), from
 an import state where verl and rpg were never imported. The children run one after the other; each result is a
-`subprocess.CompletedProcess`, so a test asserts on it as on `subprocess.run`'s.
+`subprocess.CompletedProcess`, so a test asserts on it as on `subprocess.run`'s. What Python reads at start-up
+(``PYTHON*`` variables such as PYTHONWARNINGS, PYTHONPATH) is the test process's for every case: a case that sets one
+is refused (run it with `subprocess.run`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -67,6 +70,10 @@ def run(cases: Mapping[str, tuple[str, Sequence[str], Mapping[str, str]]], timeo
         str, subprocess.CompletedProcess]:  # fmt: skip
     """{name: (code, args, environment)} -> {name: the CompletedProcess of `python -c code *args` in that environment,
     forked from one process that preloaded `PRELOAD`}. The runner's own failure is an AssertionError with its stderr."""
+    for name, (_, _, env) in cases.items():  # read at interpreter start, i.e. the runner's (the test process's)
+        start = {k: v for k, v in env.items() if k.startswith("PYTHON")}
+        if start != {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}:
+            raise ValueError(f"case {name!r} sets interpreter start-up variables (PYTHON*): run it with subprocess.run")
     payload = [[name, code, list(args), dict(env)] for name, (code, args, env) in cases.items()]
     with tempfile.TemporaryDirectory(prefix="rpg-fresh-") as tmp:
         proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(PRELOAD), tmp], input=json.dumps(payload),
