@@ -1,6 +1,8 @@
 """`import verl` alone (no import of rpg) must register every RPG name in every process: verl loads the
 `verl.plugins` entry point and swallows its errors, so this is the test that catches a broken plugin. Every import
-order registers every name, with no import hook (the plugin imports no rpg module that imports verl)."""
+order registers every name, with no import hook (the plugin imports no rpg module that imports verl). Each of these
+six checks runs in a process of its own where verl and rpg were never imported, all forked from one interpreter that
+preloaded verl's third-party libraries (`fresh_process`), built once for the module (the `fresh` fixture)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ import ast
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import fresh_process
 import pytest
 
 PLUGIN = Path(__file__).resolve().parents[1] / "rpg" / "verl_plugin.py"
@@ -33,8 +35,9 @@ print(json.dumps({"losses": sorted(k for k in R if k.startswith("rpg") or k == "
 """
 
 
-def test_plain_import_verl_registers_everything():
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, check=True)
+def test_plain_import_verl_registers_everything(fresh):
+    out = fresh["plain"]
+    out.check_returncode()
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["losses"] == EXPECTED_LOSSES
     assert got["adv"] == ["rpg", "rpg_batchmean"]
@@ -63,21 +66,34 @@ LIGHT = "import sys; sys.modules['verl'] = None\nimport rpg\n" + "".join(f"impor
 )
 
 
-@pytest.mark.parametrize("first", ["rpg.loss_config", "rpg.losses", "rpg.advantages", "rpg.schedule_free", "rpg"])
-def test_any_import_order_registers_everything(first):
+FIRSTS = ["rpg.loss_config", "rpg.losses", "rpg.advantages", "rpg.schedule_free", "rpg"]
+
+
+def _import_order(first: str) -> tuple[str, list[str], dict[str, str]]:
+    """`PROBE` after importing `first`, in a fresh process's environment: without what an earlier in-process test
+    of this worker may have left (the CPU platform's variables, RPG_INSTALL), as tests/test_scoped_patches_on_cpu.py
+    does; `rpg.schedule_free` first with `RPG_INSTALL` naming it and the reference adapter."""
+    drop = ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM", "VERL_ENGINE_DEVICE", "RPG_INSTALL")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if first == "rpg.schedule_free":
+        env["RPG_INSTALL"] = "ref_log_prob,schedule_free"
+    return (LIGHT if first == "rpg" else f"import {first}\n") + PROBE + INSTALLED, [], env
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, subprocess.CompletedProcess]:
+    """The module's fresh-process checks: `PROBE` in the test process's environment, and each import order."""
+    return fresh_process.run({"plain": (PROBE, [], dict(os.environ)), **{f: _import_order(f) for f in FIRSTS}})
+
+
+@pytest.mark.parametrize("first", FIRSTS)
+def test_any_import_order_registers_everything(fresh, first):
     """Importing an rpg module before verl must not break verl's plugin loading (a half-initialised module).
     `rpg` first: with the plugin's own rpg imports, verl blocked (`LIGHT`). `rpg.schedule_free` first, as a Ray worker
     of a schedule-free run unpickles its worker class, with `RPG_INSTALL` naming it and the reference adapter: the
     adapter is installed, the half-initialised module is left out (its trainer is the TaskRunner's, which imports verl
     first), and the plugin reports no error."""
-    # a fresh process's environment: without what an earlier in-process test of this worker may have left (the CPU
-    # platform's variables, RPG_INSTALL), as tests/test_scoped_patches_on_cpu.py does
-    drop = ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM", "VERL_ENGINE_DEVICE", "RPG_INSTALL")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    if first == "rpg.schedule_free":
-        env["RPG_INSTALL"] = "ref_log_prob,schedule_free"
-    probe = (LIGHT if first == "rpg" else f"import {first}\n") + PROBE + INSTALLED
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=env)
+    out = fresh[first]
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     got = {**json.loads(lines[-2]), **json.loads(lines[-1])}

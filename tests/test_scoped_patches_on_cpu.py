@@ -7,17 +7,20 @@ rpg import hook is on `sys.meta_path`, while every RPG name is registered; build
 `reference=periodic`, `reference=frozen` or `grpo_wk3` changes none of them (plain objects). `import verl` with
 `RPG_INSTALL` set installs exactly what it names. A fake verl version or a changed signature makes the installation
 fail before anything is patched, with a message naming both; the launcher refuses it before Ray, and the loss names
-the fix when its adapter is missing. About 60 s (seven fresh processes importing verl).
+the fix when its adapter is missing. Each of these nine checks runs in a process of its own where verl and rpg were
+never imported, all forked from one interpreter that preloaded verl's third-party libraries (`fresh_process`), built
+once for the module (the `fresh` fixture).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
-import sys
 import textwrap
 
+import fresh_process
 import pytest
 
 from rpg import compat, install
@@ -84,18 +87,13 @@ def _env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
 
 
-def _run(code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], env=_env(**env), capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-
-
 def _json(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_import_verl_and_building_configs_patch_nothing():
-    out = _json(_run(SCOPE, json.dumps(CONFIGS)))
+def test_import_verl_and_building_configs_patch_nothing(fresh):
+    out = _json(fresh["scope"])
     assert out["import"] == ORIGINAL  # verl's own objects after importing verl, its workers and its trainers
     assert not [f for f in out["finders"] if f.startswith("rpg")], out["finders"]
     from rpg.loss_table import LOSSES
@@ -104,14 +102,14 @@ def test_import_verl_and_building_configs_patch_nothing():
     assert {name: out[name] for name, _ in CONFIGS} == {name: ORIGINAL for name, _ in CONFIGS}  # plain objects
 
 
-@pytest.mark.parametrize(
-    "names, expected",
-    [("ref_log_prob", {"ppo_loss": False, "worker": True, "trainers": True, "debug_metrics": True}),
-     ("schedule_free, periodic_reference", {"ppo_loss": True, "worker": False, "trainers": False, "debug_metrics": True}),
-     ("mismatch_share", {"ppo_loss": True, "worker": True, "trainers": True, "debug_metrics": False})],
-)  # fmt: skip
-def test_rpg_install_installs_exactly_what_it_names(names, expected):
-    out = _json(_run(SCOPE, "[]", **{install.ENV: names}))
+INSTALLS = [("ref_log_prob", {"ppo_loss": False, "worker": True, "trainers": True, "debug_metrics": True}),
+            ("schedule_free, periodic_reference", {"ppo_loss": True, "worker": False, "trainers": False, "debug_metrics": True}),
+            ("mismatch_share", {"ppo_loss": True, "worker": True, "trainers": True, "debug_metrics": False})]  # fmt: skip
+
+
+@pytest.mark.parametrize("names, expected", INSTALLS)
+def test_rpg_install_installs_exactly_what_it_names(fresh, names, expected):
+    out = _json(fresh[f"install {names}"])
     assert out["import"] == expected
 
 
@@ -151,23 +149,28 @@ ew.ActorRolloutRefWorker.update_actor = update_actor
 """
 
 
+SABOTAGES = {"verl-version": (FAKE_VERSION, ["ref_log_prob", "periodic_reference", "mismatch_share"]),
+             "ppo_loss-signature": (CHANGED_PPO_LOSS, ["ref_log_prob"]),
+             "update_actor-signature": (CHANGED_UPDATE_ACTOR, ["ref_log_prob", "periodic_reference"])}  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "sabotage, names, needles",
+    "case, needles",
     [
-        (FAKE_VERSION, ["ref_log_prob", "periodic_reference", "mismatch_share"],
-         ["verl 0.10.0", "verl>=0.9.1,<0.10", "ref_log_prob adapter"]),
-        (CHANGED_PPO_LOSS, ["ref_log_prob"],
+        ("verl-version", ["verl 0.10.0", "verl>=0.9.1,<0.10", "ref_log_prob adapter"]),
+        ("ppo_loss-signature",
          ["verl.workers.utils.losses.ppo_loss('config', 'model_output', 'data', 'dp_group')",
           "verl.workers.utils.losses.ppo_loss('config', 'model_output', 'data', 'dp_group', 'loss_scale')",
           "verl 0.9.1", "ref_log_prob adapter"]),
-        (CHANGED_UPDATE_ACTOR, ["ref_log_prob", "periodic_reference"],
+        ("update_actor-signature",
          ["ActorRolloutRefWorker.update_actor('self', 'data')", "ActorRolloutRefWorker.update_actor('self', 'data', "
           "'timing')", "verl 0.9.1", "periodic-reference hooks"]),
     ],
     ids=["verl-version", "ppo_loss-signature", "update_actor-signature"],
 )  # fmt: skip
-def test_unsupported_verl_fails_at_start_up_naming_both_and_patches_nothing(sabotage, names, needles):
-    out = _json(_run(GUARD, json.dumps(names), sabotage))
+def test_unsupported_verl_fails_at_start_up_naming_both_and_patches_nothing(fresh, case, needles):
+    sabotage = SABOTAGES[case][0]
+    out = _json(fresh[case])
     assert out["error"] and out["error"].startswith("RuntimeError"), out
     for needle in needles:
         assert needle in out["error"], (needle, out["error"])
@@ -219,14 +222,15 @@ UNPICKLED_LOSS = textwrap.dedent(
 )
 
 
-def test_the_loss_names_a_missing_adapter_and_the_fix():
-    """A run started without the launcher (e.g. python -m verl.trainer.main_ppo) and without RPG_INSTALL."""
-    import pickle
-
+def _unpickled_config() -> str:
     from verl_batch import actor_config
 
-    cfg = actor_config("rpg_urkl", reference="periodic", ref_refresh_steps=2)
-    proc = _run(UNPICKLED_LOSS, pickle.dumps(cfg).hex())
+    return pickle.dumps(actor_config("rpg_urkl", reference="periodic", ref_refresh_steps=2)).hex()
+
+
+def test_the_loss_names_a_missing_adapter_and_the_fix(fresh):
+    """A run started without the launcher (e.g. python -m verl.trainer.main_ppo) and without RPG_INSTALL."""
+    proc = fresh["unpickled"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     message = proc.stdout.strip().splitlines()[-1]
     assert "ref_log_prob adapter around verl's ppo_loss" in message and "not installed in this process" in message
@@ -253,11 +257,22 @@ LAUNCHER = textwrap.dedent(
 )
 
 
-def test_the_launcher_refuses_an_unsupported_verl_before_ray():
-    proc = _run(LAUNCHER)
+def test_the_launcher_refuses_an_unsupported_verl_before_ray(fresh):
+    proc = fresh["launcher"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     message = proc.stdout.strip().splitlines()[-1]
     assert "verl 0.10.0" in message and "verl>=0.9.1,<0.10" in message and "ref_log_prob adapter" in message
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, subprocess.CompletedProcess]:
+    """The module's fresh-process checks, each `python -c CODE ARGS` in `_env(...)`, forked from one interpreter."""
+    return fresh_process.run({
+        "scope": (SCOPE, [json.dumps(CONFIGS)], _env()),
+        **{f"install {names}": (SCOPE, ["[]"], _env(**{install.ENV: names})) for names, _ in INSTALLS},
+        **{case: (GUARD, [json.dumps(names), sabotage], _env()) for case, (sabotage, names) in SABOTAGES.items()},
+        "unpickled": (UNPICKLED_LOSS, [_unpickled_config()], _env()),
+        "launcher": (LAUNCHER, [], _env())})  # fmt: skip
 
 
 # ---- the launcher's side of the contract: what a composed config selects, exported to every Ray process ------------

@@ -1,15 +1,16 @@
 """CPU platform (rpg/cpu/platform.py), fast-poll sampler (rpg/cpu/sampler.py) and progress filter (rpg/cpu/progress.py).
 
-The platform checks run in fresh interpreters because the platform is a per-process singleton chosen at `import verl`
-(about 6 s each).
+The platform checks run in fresh processes because the platform is a per-process singleton chosen at `import verl`:
+the four of them forked from one interpreter that preloaded verl's third-party libraries (`fresh_process`; verl and
+rpg never imported before a check starts), once for the module (the `fresh` fixture).
 """
 
 import io
 import json
 import os
 import subprocess
-import sys
 
+import fresh_process
 import pytest
 from omegaconf import OmegaConf
 
@@ -36,24 +37,26 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def probe(env_update):
+def _env(**update: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES",
                                                             "VERL_ENGINE_DEVICE")}
-    env.update(env_update)
-    res = subprocess.run([sys.executable, "-c", PLATFORM_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    return {**env, **update}
+
+
+def _result(res: subprocess.CompletedProcess):
     lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT")]
     assert res.returncode == 0 and lines, res.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT"):])
 
 
-def test_cpu_platform_selected_by_env_and_shims_work():
-    out = probe({"VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "rpg.cpu.platform"})
+def test_cpu_platform_selected_by_env_and_shims_work(fresh):
+    out = _result(fresh["cpu"])
     assert out == {"device": "cpu", "backend": "gloo", "patched": True, "pin_memory": False, "mem_allocated": 0,
                    "pg_backend": "gloo", "all_reduce": [1.0, 1.0], "engine": "FSDPEngineWithLMHead"}
 
 
-def test_importing_without_cpu_request_changes_nothing():
-    out = probe({"VERL_USE_EXTERNAL_MODULES": "rpg.cpu.platform"})
+def test_importing_without_cpu_request_changes_nothing(fresh):
+    out = _result(fresh["no-cpu-request"])
     assert out["device"] != "cpu" and out["patched"] is False
 
 
@@ -87,23 +90,23 @@ print("RESULT" + json.dumps({"error": error, "replaced": vd.initialize_global_pr
 """
 
 
-def _result(code, env_update):
-    env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES",
-                                                            "VERL_ENGINE_DEVICE")}
-    env.update(env_update)
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT")]
-    assert res.returncode == 0 and lines, res.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT"):])
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, subprocess.CompletedProcess]:
+    """The module's four fresh-process checks: the platform probe with and without VERL_PLATFORM=cpu, the version and
+    the signature guards."""
+    cpu = {"VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "rpg.cpu.platform"}
+    return fresh_process.run({"cpu": (PLATFORM_PROBE, [], _env(**cpu)),
+                              "no-cpu-request": (PLATFORM_PROBE, [], _env(VERL_USE_EXTERNAL_MODULES="rpg.cpu.platform")),
+                              "version": (VERSION_PROBE, [], _env(**cpu)), "signature": (SIGNATURE_PROBE, [], _env())})
 
 
-def test_shims_refuse_a_verl_version_they_were_not_written_for():
-    error = _result(VERSION_PROBE, {"VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "rpg.cpu.platform"})
+def test_shims_refuse_a_verl_version_they_were_not_written_for(fresh):
+    error = _result(fresh["version"])
     assert "verl 0.8.0" in error and "verl>=0.9.1,<0.10" in error and "CPU-platform shims" in error
 
 
-def test_shims_refuse_a_changed_signature_and_replace_nothing():
-    out = _result(SIGNATURE_PROBE, {})
+def test_shims_refuse_a_changed_signature_and_replace_nothing(fresh):
+    out = _result(fresh["signature"])
     name = "verl.utils.distributed.initialize_global_process_group_ray"
     assert f"{name}('timeout_second', 'backend')" in out["error"] and "CPU-platform shims" in out["error"]
     assert f"{name}('timeout_second', 'backend', 'device_id')" in out["error"]

@@ -744,17 +744,26 @@ def test_real_dry_run_prints_resolved_yaml(tmp_path: Path):
     assert "[rpg] chat template: thinking off" in proc.stderr, proc.stderr[-3000:]  # which template applies
 
 
-def test_real_dry_run_rejects_bad_override(tmp_path: Path):
-    import subprocess
+def test_dry_run_rejects_bad_override(monkeypatch, capsys, tmp_path: Path):
+    """`RPG_DRY_RUN=1 bash run_rpg_urkl_2k.sh <bad override>` in-process through `rpg.launch.main` (Hydra's entry, as
+    the shell runs it, with the script's argv; the shell path itself runs in the real dry run above): refused with a
+    non-zero exit status, nothing on stdout."""
+    from rpg import launch
 
-    from recipe_helpers import clean_env
-
+    monkeypatch.setattr(sys, "argv", ["rpg.launch"])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RPG_DRY_RUN", "1")
+    for name in ("RAY_ADDRESS", "SMOKE"):
+        monkeypatch.delenv(name, raising=False)
     script = RECIPE / "4b" / "run_rpg_urkl_2k.sh"
     args = ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001"]
-    proc = subprocess.run(["bash", str(script), *args], env=clean_env(RPG_DRY_RUN="1", PYTHON=sys.executable), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode != 0 and proc.stdout == ""
-    assert "invalid RPG configuration" in proc.stderr and "use_kl_loss=False" in proc.stderr
+    with pytest.raises(SystemExit) as info:
+        launch.main(overrides(script) + args)
+    out, err = capsys.readouterr()
+    code = info.value.code  # a message: the interpreter prints it to stderr and exits with status 1
+    assert (code if isinstance(code, int) else 1) != 0 and out == ""
+    stderr = err + ("" if isinstance(code, int) or code is None else f"{code}\n")
+    assert "invalid RPG configuration" in stderr and "use_kl_loss=False" in stderr
 
 
 def test_the_async_4k_script_is_colocate_async_with_token_tis():

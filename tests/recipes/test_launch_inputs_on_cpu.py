@@ -397,15 +397,24 @@ def test_real_dry_run_keeps_nasty_paths_and_reports_them(tmp_path):
     assert "a real launch would refuse" in proc.stderr
 
 
-def test_every_recipe_dry_run_reports_missing_data_without_failing(tmp_path):
+def test_every_recipe_dry_run_reports_missing_data_without_failing(tmp_path, monkeypatch, capsys):
     """The recipes' default data files do not exist here: a dry run reports them and still succeeds (the other 87
-    scripts take the same in-process path in test_dry_run_on_cpu.py)."""
-    env = clean_env(RPG_DRY_RUN="1", PYTHON=sys.executable, DATA_DIR=str(tmp_path / "no-data"))
-    proc = subprocess.run(["bash", str(RECIPE / "7b" / "run_dapo_7b.sh")], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    scripts take the same in-process path in test_dry_run_on_cpu.py). `RPG_DRY_RUN=1 bash run_dapo_7b.sh` in-process
+    through `rpg.launch.main` (Hydra's entry, with the script's argv for that DATA_DIR); the shell path itself runs
+    in the real dry run above."""
+    from rpg import launch
+
+    proc = run_script(RECIPE / "7b" / "run_dapo_7b.sh", RPG_PRINT_ARGV="1", DATA_DIR=str(tmp_path / "no-data"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "data.train_files (recipe knob TRAIN_FILE)" in proc.stderr
-    assert "amc-2023.parquet" in proc.stderr and yaml.safe_load(proc.stdout)["trainer"]["total_training_steps"] == 400
+    monkeypatch.setattr(sys, "argv", ["rpg.launch"])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RPG_DRY_RUN", "1")
+    for name in ("RAY_ADDRESS", "SMOKE"):
+        monkeypatch.delenv(name, raising=False)
+    launch.main(json.loads(proc.stdout)["argv"][3:])  # a refusal is a SystemExit: the test fails
+    out, err = capsys.readouterr()
+    assert "data.train_files (recipe knob TRAIN_FILE)" in err
+    assert "amc-2023.parquet" in err and yaml.safe_load(out)["trainer"]["total_training_steps"] == 400
 
 
 def test_files_without_the_reward_columns_are_refused(base, data, tmp_path):
