@@ -93,22 +93,33 @@ async def _tail(client, job_id: str) -> None:
 
 
 def _submit_job(client, **job) -> None:
-    """`client.submit_job(**job)`, retried with a growing pause (1, 2, 4, ... 10 s) while the cluster answers that
-    it has no job agent yet, up to AGENT_WAIT_S; any other error at once."""
-    waited, pause = 0.0, 1.0
+    """`client.submit_job(**job)`, retried with a growing pause (1, 2, 4, ... 10 s) up to AGENT_WAIT_S while the
+    cluster answers that it has no job agent yet, or closes the connection (a busy head); any other error at once. A
+    retry after a dropped connection that finds its own submission id taken means the first request got through."""
+    waited, pause, dropped = 0.0, 1.0, False
     while True:
         try:
             client.submit_job(**job)
             return
         except RuntimeError as e:
+            if dropped and "already exists" in str(e):
+                print(f"[rpg] job {job['submission_id']} reached the cluster before the connection dropped",
+                      file=sys.stderr)  # fmt: skip
+                return
             if NO_AGENT not in str(e) or waited >= AGENT_WAIT_S:
                 raise
             if waited == 0.0:
                 print(f"[rpg] the cluster's job agent is not up yet (Ray: {NO_AGENT!r}; a head that has just "
                       f"started); retrying for up to {AGENT_WAIT_S:.0f} s", file=sys.stderr)  # fmt: skip
-            time.sleep(pause)
-            waited += pause
-            pause = min(2 * pause, 10.0)
+        except OSError as e:  # requests' ConnectionError: the head's dashboard closed the connection
+            if waited >= AGENT_WAIT_S:
+                raise
+            dropped = True
+            print(f"[rpg] the cluster closed the connection ({e}); retrying for up to "
+                  f"{AGENT_WAIT_S - waited:.0f} s", file=sys.stderr)  # fmt: skip
+        time.sleep(pause)
+        waited += pause
+        pause = min(2 * pause, 10.0)
 
 
 def submit(cmd: List[str], env: Dict[str, str], repo: str, exp_name: str, names: Sequence[str], client=None) -> int:

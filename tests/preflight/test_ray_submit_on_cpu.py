@@ -3,7 +3,9 @@
 A Ray head that has just started (`ray start --head`, or a cluster under load) answers a job submission with HTTP 500
 "No available agent to submit job, please try again later" until its dashboard agent is ready; the e2e cluster test
 met it on a loaded machine. The submission retries that one answer with a growing pause, up to `AGENT_WAIT_S`, and
-says so; any other error is raised at once."""
+says so; so it does when the busy head closes the connection (a fresh-clone run met that right after the agent came
+up), without submitting twice: a retry that finds its own submission id taken is the first request having arrived.
+Any other error is raised at once."""
 
 from __future__ import annotations
 
@@ -71,3 +73,29 @@ def test_a_cluster_that_does_not_answer_yet_is_retried_briefly(monkeypatch, caps
     monkeypatch.setattr(ray_submit, "CONNECT_WAIT_S", 0.0)  # a wrong address: Ray's own error, without a long wait
     with pytest.raises(ConnectionError, match="Failed to connect"):
         ray_submit._client("http://127.0.0.1:1")
+
+
+def dropped():
+    """What requests raises when a busy head's dashboard closes the connection (seen in a fresh-clone test run)."""
+    import requests
+
+    return requests.exceptions.ConnectionError("('Connection aborted.', RemoteDisconnected('Remote end closed "
+                                               "connection without response'))")  # fmt: skip
+
+
+def test_a_dropped_connection_is_retried(monkeypatch, capsys):
+    client, sleeps = FakeClient([RuntimeError(NO_AGENT), dropped()]), []
+    assert submit(client, monkeypatch, sleeps) == 0
+    assert client.calls == 3 and sleeps == [1.0, 2.0]
+    assert "closed the connection" in capsys.readouterr().err
+
+
+def test_a_job_that_arrived_before_the_connection_dropped_is_not_submitted_twice(monkeypatch, capsys):
+    exists = RuntimeError("Request failed with status code 400: Job with submission_id job-1 already exists. "
+                          "Please use a different submission_id.")  # fmt: skip
+    client, sleeps = FakeClient([dropped(), exists]), []
+    assert submit(client, monkeypatch, sleeps) == 0 and client.calls == 2
+    assert "job-1 reached the cluster before the connection dropped" in capsys.readouterr().err
+    client, sleeps = FakeClient([exists]), []  # without a dropped connection before it: another job's id, an error
+    with pytest.raises(RuntimeError, match="already exists"):
+        submit(client, monkeypatch, sleeps)
