@@ -64,6 +64,11 @@ def locked(lock: Optional[Path]):
         yield
 
 
+def read_records(path: Path) -> list[dict]:
+    """verl's file-logger records (one JSON object per line) of `path`."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def run(script: str, name: str, out: Path, env_update: dict, overrides: list[str],
         lock: Optional[Path] = None) -> tuple[list[dict], float]:  # fmt: skip
     """One trainer run; returns (file-logger records, wall seconds). Raises with the log tail on failure.
@@ -85,7 +90,7 @@ def run(script: str, name: str, out: Path, env_update: dict, overrides: list[str
         tail = "\n".join(console.read_text(errors="replace").splitlines()[-40:])
         raise RuntimeError(f"{name} failed (exit {rc}); see {console}\n{tail}")
     print(f"[e2e_cpu_runs] {name}: done in {wall:.0f} s", flush=True)
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()], wall
+    return read_records(metrics), wall
 
 
 def validation(records: list[dict]) -> dict[int, float]:
@@ -104,7 +109,7 @@ def compare(args) -> dict:
     for name, script in COMPARE.items():
         if name in reuse:  # a finished run with the same settings (e.g. scripts/demo_cpu.sh's metrics.jsonl)
             path = Path(reuse[name])
-            records, wall = [json.loads(line) for line in path.read_text().splitlines() if line.strip()], None
+            records, wall = read_records(path), None
             atomic_write_text(args.out / f"{name}.jsonl", path.read_text())
         else:
             records, wall = run(script, name, args.out, env, overrides)
@@ -156,8 +161,7 @@ def beta_sweep(args) -> dict:
                     continue  # no KL term: the estimators coincide
                 name = f"beta{beta:g}_{estimator if beta else 'none'}_s{seed}"
                 metrics = args.out / f"{name}.jsonl"
-                records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
-                    if args.resume and metrics.exists() else []  # fmt: skip
+                records = read_records(metrics) if args.resume and metrics.exists() else []
                 wall = None
                 if max((r["step"] for r in records), default=0) < args.steps:  # absent, or cut short: run it
                     records, wall = run("run_rpg_reinforce_urkl.sh", name, args.out, {**env, "CPU_SEED": str(seed)},
