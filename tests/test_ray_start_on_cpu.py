@@ -58,3 +58,72 @@ def test_verls_run_ppo_calls_ray_init_through_the_module_attribute():
 
     source = inspect.getsource(main_ppo.run_ppo)
     assert "ray.init(" in source and main_ppo.ray.__name__ == "ray"
+
+
+class FakeServices:
+    """`ray._private.services` with a raylet that registers after `ready_after` seconds of a fake clock."""
+
+    def __init__(self, ready_after: float):
+        self.now, self.ready_after, self.polls = 0.0, ready_after, 0
+
+    def get_node(self, gcs_address, node_id):
+        self.polls += 1
+        if self.now < self.ready_after:
+            raise RuntimeError("RPC error: Deadline Exceeded")
+        return {"node_id": node_id}
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def test_a_patient_start_waits_past_rays_30_s_and_no_longer_than_its_own_wait():
+    from rpg.ray_start import patient_node_start
+
+    services = FakeServices(ready_after=100.0)  # a raylet that needs 100 s: Ray alone gives up at 30 s
+    original = services.get_node
+    with patient_node_start(services, wait_s=150, clock=services.clock, sleep=services.sleep) as patched:
+        assert patched and services.get_node("gcs", "n1") == {"node_id": "n1"}
+    assert services.get_node == original and 100.0 <= services.now < 101.0  # restored; waited until registered
+    services = FakeServices(ready_after=1e9)  # never registers: the poll fails after the wait, Ray's check decides
+    with patient_node_start(services, wait_s=150, clock=services.clock, sleep=services.sleep):
+        with pytest.raises(RuntimeError, match="Deadline Exceeded"):
+            services.get_node("gcs", "n1")
+        assert 150.0 < services.now <= 151.0
+        with pytest.raises(RuntimeError):  # later polls count from the first one: no new 150 s each
+            services.get_node("gcs", "n1")
+        assert services.now <= 151.5
+
+
+def test_ray_without_the_poll_is_left_alone():
+    from rpg.ray_start import patient_node_start
+
+    with patient_node_start(types.SimpleNamespace()) as patched:
+        assert patched is False
+
+
+def test_rays_node_start_polls_the_patched_function():
+    """The patience works because Ray's Node polls `ray._private.services.get_node` through the module at call time,
+    inside its fixed 30 s loop, and catches RuntimeError there."""
+    import inspect
+
+    import ray._private.node as node
+
+    source = inspect.getsource(node.Node.__init__)
+    assert "raylet_start_wait_time_s = 30" in source and "ray._private.services.get_node(" in source
+    assert "except RuntimeError" in source
+
+
+def test_the_launchers_start_is_patient_inside_init_only():
+    services = types.SimpleNamespace(get_node=lambda *a: "node")
+    original = services.get_node
+    ray = fake_ray([])
+    ray._private = types.SimpleNamespace(services=services)
+    seen = []
+    init = ray.init
+    ray.init = lambda **kw: (seen.append(services.get_node is not original), init(**kw))[1]
+    with retried_ray_start(ray):
+        assert ray.init(num_cpus=1) == "context"
+    assert seen == [True] and services.get_node is original

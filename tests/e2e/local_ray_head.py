@@ -11,7 +11,8 @@ head must not depend on that file. Stopping it never touches another Ray: it ter
 processes), found by pid, plus any process with this head's temp dir on its command line; SIGTERM, then SIGKILL.
 `ray stop` is never used (it kills every Ray on the machine). The head is up once `ray start` says "Ray runtime
 started." and its job API answers (the API answers first: a loaded machine once saw the head's raylet miss Ray's fixed
-30 s afterwards, and `ray start` tear the head down); a start that times out that way is retried, 3 tries.
+30 s afterwards, and `ray start` tear the head down). `ray start` runs with the launcher's patient raylet wait
+(rpg/ray_start.py: 150 s instead of Ray's 30 s); a start that still times out is retried, 3 tries.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+
+
+# Ray's CLI (the `ray` console script's `ray.scripts.scripts:main`) with the patient raylet wait
+RAY_CLI = ("import sys; from rpg.ray_start import patient_node_start; from ray.scripts.scripts import main\n"
+           "sys.argv[0] = 'ray'\nwith patient_node_start():\n    main()")
 
 
 def _free_ports(n: int) -> list[int]:
@@ -78,8 +84,8 @@ class LocalRayHead:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_", "VERL_", "RPG_"))}
         env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token",
                    RAY_AUTH_TOKEN_PATH=token_path, PYTHONUNBUFFERED="1")  # fmt: skip  (its log is read while it runs)
-        cmd = [
-            os.path.join(bin_dir, "ray"), "start", "--head", "--block", "--disable-usage-stats",
+        cmd = [  # `ray start`, with the raylet's registration wait of the launcher's own start (rpg/ray_start.py)
+            sys.executable, "-c", RAY_CLI, "start", "--head", "--block", "--disable-usage-stats",
             "--node-ip-address=127.0.0.1", f"--port={gcs}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dash}", f"--ray-client-server-port={client}", f"--node-manager-port={node}",
             f"--object-manager-port={obj}", f"--dashboard-agent-listen-port={agent_http}",
