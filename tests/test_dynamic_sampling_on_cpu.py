@@ -1,6 +1,6 @@
 """Bounded dynamic sampling (rpg/dynamic_sampling.py): the bound on the prompts a step draws, the round lines, the stop
 message and the launch check, at the unit level (the trainer run on unmatchable data: tests/e2e/
-test_dynamic_sampling_bound_on_cpu.py)."""
+test_e2e_trainer_on_cpu.py, its failing cluster job)."""
 
 from collections import Counter
 

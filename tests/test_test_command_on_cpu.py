@@ -39,6 +39,6 @@ def test_the_test_command_exits_0_when_its_tests_pass():
 def test_every_module_that_starts_a_trainer_or_a_cluster_is_marked_trainer():
     starters = {p.relative_to(ROOT).as_posix(): "pytest.mark.trainer" in p.read_text()
                 for p in (ROOT / "tests").rglob("*_on_cpu.py") if STARTS.search(p.read_text())}
-    assert len(starters) >= 8, f"the pattern no longer finds the end-to-end modules: {sorted(starters)}"
+    assert len(starters) >= 7, f"the pattern no longer finds the end-to-end modules: {sorted(starters)}"
     unmarked = sorted(name for name, marked in starters.items() if not marked)
     assert not unmarked, f"these modules start a trainer or a Ray cluster without `pytest.mark.trainer`: {unmarked}"

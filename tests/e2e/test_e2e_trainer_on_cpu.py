@@ -37,14 +37,17 @@ Checks:
   except wall-clock timings, throughput and memory: validation accuracy, rewards, losses, gradient norms, the RPG KL
   and the DAPO counts. What makes this hold is documented in rpg/cpu/hf_rollout.py (per-request seeds) and
   rpg/cpu/sampler.py (batches independent of completion timing);
-* a bad override submitted to the cluster fails: the script exits non-zero, the job is FAILED in `ray job status`,
-  and the launcher's error message naming the bad setting is in the job's logs (streamed by the script and kept by
-  Ray).
+* a job that fails is reported as failed: a third trainer, submitted to the cluster on data with no signal at all
+  (every ground truth unreachable), stops within dynamic sampling's first 3 rounds with the message naming the likely
+  causes, before any step; the script exits non-zero, the job is FAILED in `ray job status`, and the message is in
+  the job's logs (streamed by the script and kept by Ray). The launcher's own refusals (a bad override, before Ray)
+  are tested without a trainer (tests/recipes/test_dry_run_on_cpu.py).
 
-Cost: the head (~10-40 s), two trainer start-ups at the same time, one failing launch: about 3 minutes on 2 cores
+Cost: the head (~10-40 s), two trainer start-ups at the same time, then the failing one: about 5 minutes on 2 cores
 (artifacts/tiny is built once per session if missing).
 """
 
+import json
 import os
 import re
 import subprocess
@@ -52,9 +55,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from cpu_trainer import assert_hf_export_is_x, check_steps, finite, run_cpu_recipe, start_cpu_recipe, training_steps
+
+from rpg.dynamic_sampling import BOUND_KEY, NO_SIGNAL_KEY
 
 pytestmark = [pytest.mark.slow, pytest.mark.trainer]  # a trainer start-up: its own job (scripts/test.sh)
 
@@ -180,13 +186,46 @@ def test_same_seed_same_numbers_locally_and_on_a_cluster(runs):
         assert not diff and first[step].keys() == second[step].keys(), f"step {step} differs: {diff}"
 
 
-def test_a_failing_job_is_reported_as_failed(head, tmp_path):
-    rc, text = start_cpu_recipe(tmp_path, "bad", ["actor_rollout_ref.actor.ppo_epochs=banana"], timeout_s=600,
-                                **job_env(head), **SIZES)  # fmt: skip
-    assert rc != 0, f"a bad override exited 0:\n{text[-3000:]}"
+def test_a_job_without_signal_stops_early_and_is_reported_as_failed(head, tiny_dir, tmp_path):
+    """Dynamic sampling on data with no signal at all stops within its first rounds, long before its bound, and the
+    cluster reports the job as failed.
+
+    The tiny task's training data with every ground truth "-1" (the tiny model answers sums of positive numbers):
+    accuracy is 0 in every group, so DAPO's `filter_groups` evicts every group. verl 0.9.1's own replay buffer would
+    generate forever (issue 25: 7 minutes without finishing step 1); the recipe's bound, `max_num_gen_batches=20`
+    generation batches of max_inflight_gen_batches × train_batch_size = 3 × 4 prompts, would let the step draw 240
+    prompts (issue 33: with a real model, an hour on 2 cores). Rounds that keep no group stop the run after
+    `NO_SIGNAL_ROUNDS` = 3 of them: the step's 4 prompts, their 8 refills, then 12 (the CPU sampler refills 2 per
+    evicted group, at most 12 at once), 24 prompts drawn. The run logs a line per round with the fraction kept, then
+    stops with the message naming the likely causes and the opt-out, before any training step is logged; the script
+    exits non-zero, `ray job status` says FAILED, and the message is in the job's logs (streamed by the script and
+    kept by Ray)."""
+    data = pd.read_parquet(tiny_dir / "train.parquet")
+    data["reward_model"] = [{**row, "ground_truth": "-1"} for row in data["reward_model"]]
+    train = tmp_path / "unmatchable.parquet"
+    data.to_parquet(train)
+    overrides = ["trainer.val_before_train=False", "data.val_max_samples=8"]  # the recipe's bound: 20 batches
+    rc, text = start_cpu_recipe(tmp_path, "unmatchable", overrides, timeout_s=600, TRAIN_FILE=str(train),
+                                CPU_STEPS="2", **SIZES, **job_env(head))  # fmt: skip
+    tail = "\n".join(text.splitlines()[-40:])
+    assert rc not in (0, "timeout"), f"the run did not stop with an error (rc {rc}):\n{tail}"
+    rounds = [line.split("[rpg.dynamic_sampling] ", 1)[1] for line in text.splitlines()
+              if "[rpg.dynamic_sampling] step 1 round" in line]  # fmt: skip
+    # 24 prompts drawn, every group filtered: the step's 4 (round 1), its 8 refills (round 2), 12 more (round 3)
+    assert [r.split(";")[0] for r in rounds] == ["step 1 round 1: 0 of 4 groups kept (0%)",
+                                                 "step 1 round 2: 0 of 8 groups kept (0%)",
+                                                 "step 1 round 3: 0 of 12 groups kept (0%)"], (rounds, tail)
+    assert rounds[-1].endswith(f"24 prompts drawn of at most 240 ({BOUND_KEY}=20)"), rounds
+    error = ("[rpg] error: dynamic sampling stopped at training step 1: no signal at all, the first 3 rounds "
+             "(24 finished groups, 24 prompts drawn) kept no group")  # fmt: skip
+    assert error in text, tail
+    assert "every response got the same acc (acc = 0 in 24)" in text, tail
+    for cause in ("chat template", "answer format", "response length", f"+{NO_SIGNAL_KEY}=0"):
+        assert cause in text, (cause, tail)
+    log = tmp_path / "unmatchable.jsonl"
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()] if log.is_file() else []
+    assert steps == [], f"no training step can have been logged, got {steps}"
     job_id = submission(text, head)
     status = ray_job(head, "status", job_id)
     assert "failed" in status.lower(), status
-    logs = ray_job(head, "logs", job_id)
-    error = "actor_rollout_ref.actor.ppo_epochs='banana' has type str; expected int"  # rpg.launch, inside the job
-    assert error in logs and error in text, logs[-3000:]
+    assert error in ray_job(head, "logs", job_id), "the error is not in the job's logs, as Ray keeps them"
