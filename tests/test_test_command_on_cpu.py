@@ -33,8 +33,9 @@ def test_the_test_command_exits_0_when_its_tests_pass():
     for job in ("main:others", "vllm:test_vllm_compat_on_cpu"):  # the two jobs that hold the selected tests
         assert f"[test.sh] {job}: pytest exit 0" in text, text[-3000:]
     assert "[test.sh] main:trainers: pytest exit 5" in text, "a job that selects nothing is reported, not failed"
-    cpu = re.search(r"\[test\.sh\]   main:others: exit 0, \d+ s, CPU (\d+) s", text)  # the job table: wall and CPU
-    assert cpu and int(cpu.group(1)) >= 1, text[-2000:]  # a pytest run's collection alone takes seconds of CPU
+    assert re.search(r"\[test\.sh\]   main:others: exit 0, \d+ s\n", text), text[-2000:]  # the job table
+    busy = re.search(r"CPU busy meanwhile: (\d+) of (\d+) core-seconds \((\d+)%, (\d+) CPUs\)", text)
+    assert busy and 0 < int(busy.group(1)) <= int(busy.group(2)) and int(busy.group(4)) == len(os.sched_getaffinity(0)), text[-2000:]
     assert out.returncode == 0, f"every selected test passed, yet scripts/test.sh exited {out.returncode}:\n{text[-2000:]}"
 
 

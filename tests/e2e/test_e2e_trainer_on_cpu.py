@@ -206,7 +206,8 @@ def test_a_job_without_signal_stops_early_and_is_reported_as_failed(head, tiny_d
     data.to_parquet(train)
     overrides = ["trainer.val_before_train=False", "data.val_max_samples=8"]  # the recipe's bound: 20 batches
     rc, text = start_cpu_recipe(tmp_path, "unmatchable", overrides, timeout_s=600, TRAIN_FILE=str(train),
-                                CPU_STEPS="2", **SIZES, **job_env(head))  # fmt: skip
+                                CPU_STEPS="2", CPU_RESPONSE_LEN="16",  # no answer can match: short responses suffice
+                                **SIZES, **job_env(head))  # fmt: skip
     tail = "\n".join(text.splitlines()[-40:])
     assert rc not in (0, "timeout"), f"the run did not stop with an error (rc {rc}):\n{tail}"
     rounds = [line.split("[rpg.dynamic_sampling] ", 1)[1] for line in text.splitlines()
