@@ -5,7 +5,7 @@
                                                 [--reuse rpg_reinforce_urkl=artifacts/demo/metrics.jsonl]
     python benchmarks/e2e_cpu_runs.py step-time [--steps 12] [--seed 0] [--out artifacts/bench]
     python benchmarks/e2e_cpu_runs.py beta-sweep [--steps 20] [--seeds 0 1] [--betas 0 0.03 0.3 3]
-                                                 [--out artifacts/beta-sweep]
+                                                 [--out artifacts/beta-sweep] [--resume | --plot-only]
 
 ``compare``: RPG-REINFORCE-URKL, GRPO and DAPO (recipe/rpg/cpu/run_*.sh, i.e. each method's GPU recipe with only the
 sizes changed by the CPU profile) with the same seed, steps, data and validation (before training and every 10 steps,
@@ -23,7 +23,8 @@ at the top-k = 8 tokens with the sampled tail (docs/losses.md#topk-kl), for each
 no KL, the estimators coincide). 8 prompts × 8 responses, two updates per step, validation before training and every
 10 steps (4 samples per held-out prompt). Writes ``sweep.json`` (per run: validation accuracy before/after, the mean
 over the last 5 steps of ``actor/rpg/kl`` (the KL to the reference), ``actor/rpg/kl_share`` and reward) and
-rpg.tools.report's figures of all runs (``curves.png``, ``diagnostics.png`` with the KL-share curves).
+rpg.tools.report's figures of all runs (``curves.png``, ``diagnostics.png``), and ``sweep.png``: accuracy and KL
+against β for both estimators, and the KL-share curves. ``--plot-only`` runs nothing and draws the finished runs.
 
 Outputs are written atomically; per-run console logs and metrics (verl's file logger) stay next to them.
 """
@@ -153,7 +154,7 @@ def last_mean(records: list[dict], key: str, n: int = 5) -> Optional[float]:
 
 def beta_sweep(args) -> dict:
     env = {"CPU_STEPS": str(args.steps), "CPU_TEST_FREQ": "10", "CPU_BATCH": "8", "CPU_N": "8", "CPU_MINI_BATCH": "4"}
-    summary, specs = {}, []
+    summary, specs, curves = {}, [], {}
     for seed in args.seeds:
         for beta in args.betas:
             for estimator, extra in ESTIMATORS.items():
@@ -161,8 +162,10 @@ def beta_sweep(args) -> dict:
                     continue  # no KL term: the estimators coincide
                 name = f"beta{beta:g}_{estimator if beta else 'none'}_s{seed}"
                 metrics = args.out / f"{name}.jsonl"
-                records = read_records(metrics) if args.resume and metrics.exists() else []
+                records = read_records(metrics) if (args.resume or args.plot_only) and metrics.exists() else []
                 wall = None
+                if args.plot_only and max((r["step"] for r in records), default=0) < args.steps:
+                    continue  # --plot-only: the finished runs only
                 if max((r["step"] for r in records), default=0) < args.steps:  # absent, or cut short: run it
                     records, wall = run("run_rpg_reinforce_urkl.sh", name, args.out, {**env, "CPU_SEED": str(seed)},
                                         [*SWEEP, f"recipe.beta={beta:g}", *extra])  # fmt: skip
@@ -174,9 +177,56 @@ def beta_sweep(args) -> dict:
                                  "reward_last5": last_mean(records, "critic/score/mean"),
                                  "wall_s": None if wall is None else round(wall, 1)}
                 specs.append(f"{name}={metrics}")
+                curves[name] = [(r["step"], r["data"]["actor/rpg/kl_share"]) for r in records
+                                if "actor/rpg/kl_share" in r["data"]]  # fmt: skip
+    if not summary:
+        raise SystemExit(f"[e2e_cpu_runs] no finished run in {args.out}")
     if report.main([*specs, "--out", str(args.out)]) != 0:
         raise SystemExit("[e2e_cpu_runs] the report failed")
+    sweep_figure(summary, curves, args.out / "sweep.png")
     return summary
+
+
+def sweep_figure(summary: dict, curves: dict, path: Path) -> None:
+    """Three panels from the runs of `summary`: final validation accuracy against β, the KL to the reference
+    (mean of the last 5 steps) against β, both with the sampled and the top-k estimator (a marker per seed), and
+    `actor/rpg/kl_share` per step (colour: β; line: estimator). β = 0 is drawn at the left end of the β axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    betas = sorted({run["beta"] for run in summary.values()})
+    x = {beta: i for i, beta in enumerate(betas)}
+    colours = dict(zip(betas, plt.get_cmap("viridis")([i / max(1, len(betas) - 1) for i in range(len(betas))])))
+    styles = {"none": ("k", "-"), "sampled": ("tab:blue", "-"), "topk": ("tab:orange", "--")}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for col, (key, title) in enumerate((("val_acc_after", "validation accuracy, step 20 (mean@4)"),
+                                        ("kl_last5", "KL to the reference, last 5 steps"))):  # fmt: skip
+        ax = axes[col]
+        for estimator in ("sampled", "topk"):
+            runs = [r for r in summary.values() if r["estimator"] in (estimator, "none") and r[key] is not None]
+            for seed in sorted({r["seed"] for r in runs}):
+                pts = sorted((x[r["beta"]], r[key]) for r in runs if r["seed"] == seed)
+                ax.plot(*zip(*pts), styles[estimator][1], marker="os^v"[seed % 4], color=styles[estimator][0],
+                        label=f"{estimator}, seed {seed}")  # fmt: skip
+        ax.set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
+        ax.set_xlabel("β")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    for name, points in curves.items():
+        run = summary[name]
+        if points and run["beta"] > 0:
+            ax.plot(*zip(*points), styles[run["estimator"]][1], color=colours[run["beta"]], lw=1,
+                    label=f"β={run['beta']:g} {run['estimator']} s{run['seed']}")  # fmt: skip
+    ax.set_xlabel("step")
+    ax.set_title("KL gradient share (actor/rpg/kl_share)", fontsize=10)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".tmp.png"), dpi=90)  # then renamed: written atomically
+    plt.close(fig)
+    os.replace(path.with_suffix(".tmp.png"), path)
 
 
 def main(argv=None) -> int:
@@ -187,6 +237,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="beta-sweep: the seeds")
     ap.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.03, 0.3, 3.0], help="beta-sweep: the β values")
     ap.add_argument("--resume", action="store_true", help="beta-sweep: keep the runs that reached the last step")
+    ap.add_argument("--plot-only", action="store_true",
+                    help="beta-sweep: run nothing; sweep.json and the figures from the finished runs in --out")
     ap.add_argument("--out", type=Path, default=None, help="artifacts/cpu-compare or artifacts/bench")
     ap.add_argument("--reuse", action="append", default=[], metavar="METHOD=JSONL",
                     help="compare: use this finished run's metrics instead of running METHOD (same settings!)")
