@@ -41,10 +41,11 @@ def patient_node_start(services=None, wait_s: float = RAY_START_WAIT_S, clock=ti
     if original is None:
         yield False
         return
-    first: list[float] = []
+    first: list[float] = []  # the time of the first poll in the block
 
     def get_node(*args, **kwargs):
-        first.append(first[0] if first else clock())
+        if not first:
+            first.append(clock())
         while True:
             try:
                 return original(*args, **kwargs)
