@@ -19,6 +19,9 @@ TINY = ROOT / "artifacts" / "tiny"
 # knobs a developer may have exported that must not leak into a test run
 _DROP = ("RAY_ADDRESS", "RPG_DRY_RUN", "RPG_PRINT_ARGV", "VERL_USE_EXTERNAL_MODULES", "CPU_ROLLOUT", "CPU_DTYPE", "SMOKE",
          "RPG_SMOKE_DIR", "SMOKE_ROLLOUT", "RPG_SMOKE_PHASE", "OLD_LOGPROB", "TRAINER_MODE")
+# A launch's limit: it catches a hang, not a slow machine. Alone a launch takes 2-4 minutes on 2 cores; beside another
+# start-up it takes 2-4 times as long (a vLLM launch beside the vLLM async run: over 600 s in CI, docs/testing.md).
+TRAINER_TIMEOUT_S = 1200
 
 
 def ensure_tiny_model() -> Path:
@@ -28,7 +31,7 @@ def ensure_tiny_model() -> Path:
 
 
 def start_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "run_rpg_reinforce_urkl.sh",
-                     timeout_s: int = 600, **env: str | None) -> tuple[int | str, str]:  # fmt: skip
+                     timeout_s: int = TRAINER_TIMEOUT_S, **env: str | None) -> tuple[int | str, str]:  # fmt: skip
     """Run `recipe/rpg/cpu/<script>` in its own process group; return (exit code or "timeout", console text).
 
     `env` sets the CPU profile knobs (CPU_STEPS, CPU_BATCH, ...); a value None removes the variable (e.g.
@@ -56,7 +59,7 @@ def start_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "
 
 
 def run_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "run_rpg_reinforce_urkl.sh",
-                   timeout_s: int = 600, **env: str | None) -> tuple[list[dict], str]:  # fmt: skip
+                   timeout_s: int = TRAINER_TIMEOUT_S, **env: str | None) -> tuple[list[dict], str]:  # fmt: skip
     """`start_cpu_recipe`, then require exit 0 and a metrics file; return (file-logger records, console text).
 
     Fails with the console tail if the trainer does not exit 0 in time.
@@ -64,7 +67,8 @@ def run_cpu_recipe(tmp: Path, name: str, overrides: list[str], script: str = "ru
     rc, text = start_cpu_recipe(tmp, name, overrides, script, timeout_s, **env)
     log_path, console = tmp / f"{name}.jsonl", tmp / f"{name}.console.log"
     tail = "\n".join(text.splitlines()[-60:])
-    assert rc == 0, f"{name}: trainer exited with {rc}; last lines of {console}:\n{tail}"
+    ended = f"did not finish within {timeout_s} s" if rc == "timeout" else f"exited with {rc}"
+    assert rc == 0, f"{name}: trainer {ended}; last lines of {console}:\n{tail}"
     assert log_path.is_file(), f"{name}: no metrics file {log_path}\n{tail}"
     return [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()], text
 

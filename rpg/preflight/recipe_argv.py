@@ -262,8 +262,8 @@ CPU_DEFAULTS = {"CPU_STEPS": "40", "CPU_BATCH": "16", "CPU_N": "8", "CPU_LR": "1
                 "CPU_MINI_BATCH": "CPU_BATCH"}  # fmt: skip
 #: Variables of the CPU profile's environment that a Ray cluster job (RAY_ADDRESS) must receive.
 CPU_JOB_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "TORCH_COMPILE_DISABLE", "TORCHINDUCTOR_DISABLE",
-               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "VERL_FILE_LOGGER_ROOT",
-               "VERL_FILE_LOGGER_PATH", "RAY_DEDUP_LOGS")  # fmt: skip
+               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TQ_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+               "VERL_FILE_LOGGER_ROOT", "VERL_FILE_LOGGER_PATH", "RAY_DEDUP_LOGS")  # fmt: skip
 
 
 def cpu_profile(env: Dict[str, str], repo: str, checks: bool) -> Tuple[List[str], Dict[str, str], Optional[str]]:
@@ -313,6 +313,9 @@ def cpu_profile(env: Dict[str, str], repo: str, checks: bool) -> Tuple[List[str]
     new_env = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "TORCH_COMPILE_DISABLE": "1",
                "TORCHINDUCTOR_DISABLE": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS") or "1",
                "MKL_NUM_THREADS": env.get("MKL_NUM_THREADS") or "1", "TOKENIZERS_PARALLELISM": "false",
+               # TransferQueue's client and storage set torch's threads to this (8 unset) around every put and get,
+               # warning each time it exceeds the physical cores: 1,600 warnings and thread-pool resizes a CPU run
+               "TQ_NUM_THREADS": env.get("TQ_NUM_THREADS") or env.get("OMP_NUM_THREADS") or "1",
                "VERL_FILE_LOGGER_ROOT": env.get("VERL_FILE_LOGGER_ROOT") or f"{repo}/artifacts/cpu-runs/logs",
                "RAY_DEDUP_LOGS": env.get("RAY_DEDUP_LOGS") or "1"}  # fmt: skip
     modules, python = "rpg.cpu.platform,rpg.cpu.hf_rollout", None

@@ -205,7 +205,7 @@ def test_a_job_without_signal_stops_early_and_is_reported_as_failed(head, tiny_d
     train = tmp_path / "unmatchable.parquet"
     data.to_parquet(train)
     overrides = ["trainer.val_before_train=False", "data.val_max_samples=8"]  # the recipe's bound: 20 batches
-    rc, text = start_cpu_recipe(tmp_path, "unmatchable", overrides, timeout_s=600, TRAIN_FILE=str(train),
+    rc, text = start_cpu_recipe(tmp_path, "unmatchable", overrides, TRAIN_FILE=str(train),
                                 CPU_STEPS="2", CPU_RESPONSE_LEN="16",  # no answer can match: short responses suffice
                                 **SIZES, **job_env(head))  # fmt: skip
     tail = "\n".join(text.splitlines()[-40:])

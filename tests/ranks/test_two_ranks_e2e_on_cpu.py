@@ -29,7 +29,7 @@ import json
 import re
 
 import pytest
-from cpu_trainer import assert_hf_export_is_x, check_steps, run_cpu_recipe
+from cpu_trainer import TRAINER_TIMEOUT_S, assert_hf_export_is_x, check_steps, run_cpu_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.trainer]  # a trainer start-up: its own job (scripts/test.sh)
 
@@ -53,7 +53,7 @@ SMOKE_OVERRIDES = [
 def test_smoke_run_checkpoints_resumes_refreshes_and_exports_on_two_ranks(tiny_dir, tmp_path):
     # RPG_SMOKE_DIR=tmp_path: launch 2 logs to tmp_path/smoke_2r.jsonl, the file run_cpu_recipe reads
     smoke_dir, run_ckpts = tmp_path, tmp_path / "run-ckpts"
-    records, text = run_cpu_recipe(tmp_path, "smoke_2r", SMOKE_OVERRIDES, timeout_s=900, SMOKE="1",
+    records, text = run_cpu_recipe(tmp_path, "smoke_2r", SMOKE_OVERRIDES, timeout_s=2 * TRAINER_TIMEOUT_S, SMOKE="1",
                                    RPG_SMOKE_DIR=str(smoke_dir), CKPTS_DIR=str(run_ckpts), OPTIM="schedulefree",
                                    WANDB_MODE="offline", WANDB_DIR=str(tmp_path),
                                    RAY_DEDUP_LOGS="0",  # Ray would merge the two ranks' similar log lines

@@ -695,6 +695,8 @@ def test_ray_submission_of_a_cpu_recipe_carries_the_cpu_environment(tmp_path: Pa
     assert job["submission_id"] == "my-run-1" and "a line of the job's log" not in proc.stdout
     env_vars = job["runtime_env"]["env_vars"]
     assert env_vars["VERL_PLATFORM"] == "cpu" and env_vars["VERL_ENGINE_DEVICE"] == "cuda"
+    # TransferQueue's threads follow OpenMP's: its default 8 warns on every put and get of a 2-core machine
+    assert env_vars["OMP_NUM_THREADS"] == env_vars["TQ_NUM_THREADS"] == "1"
     assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "rpg.cpu.platform,rpg.cpu.hf_rollout,rpg.verl_plugin"
     assert env_vars["MY_CACHE"] == "/shared/cache dir" and "MY_UNSET_VAR" not in env_vars  # the user's RPG_JOB_ENV
     argv = shlex.split(job["entrypoint"])
