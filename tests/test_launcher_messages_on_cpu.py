@@ -251,7 +251,7 @@ def test_setup_env_refuses_a_venv_with_a_cuda_torch(tmp_path):
     python.chmod(0o755)
     env = {**os.environ, "RPG_VENV": str(venv)}
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup_env.sh")], env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+                          timeout=300)  # fmt: skip
     assert proc.returncode == 2
     assert f"{venv} holds a CUDA torch (CUDA 12.8)" in proc.stderr and ".venv-gpu" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["venv"]  # nothing installed, no lock file

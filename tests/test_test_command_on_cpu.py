@@ -1,8 +1,10 @@
 """scripts/test.sh (the README's test command, what CI runs) exits 0 when the tests it selects pass.
 
-Runs the script itself, in one lane (RPG_TEST_WORKERS=0), on one cheap test of each environment: its exit code is the
-contract CI reads (a script that passes every test and still exits non-zero fails CI). About a minute: one pytest
-collection per job of its queue; both environments exist already (this suite runs in one of them).
+Runs the script itself, in two lanes (RPG_TEST_WORKERS=2), on one cheap test of each environment: its exit code is the
+contract CI reads (a script that passes every test and still exits non-zero fails CI). Under a minute: one pytest
+collection per job of its queue; both environments exist already (this suite runs in one of them). A probe plugin
+(tests/lane_probe.py) shows where each job ran: the trainer jobs in lane 1 with Ray's workers at normal priority, the
+jobs beside them at nice 19.
 
 The script gives the modules marked `trainer` a job of their own, so that no two trainer start-ups overlap by
 accident: a module that starts a trainer or a Ray cluster must carry the mark (checked below).
@@ -16,6 +18,8 @@ VERL_PLATFORM=cpu unless rpg.cpu.platform registered it first).
 import os
 import re
 import subprocess
+import sys
+from pathlib import Path
 
 from cpu_trainer import ROOT
 
@@ -23,12 +27,15 @@ STARTS = re.compile(r"^\s*(from cpu_trainer import .*\b(run_cpu_recipe|start_cpu
                     r"import local_ray_head)", re.M)  # fmt: skip
 
 
-def test_the_test_command_exits_0_when_its_tests_pass():
+def test_the_test_command_exits_0_when_its_tests_pass(tmp_path):
     selected = "test_summarize_hand_computed or test_patch2_refuses_a_changed_signature"
-    env = {**os.environ, "RPG_TEST_WORKERS": "0", "VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda"}
+    probe = tmp_path / "lanes.txt"  # tests/lane_probe.py: each job's lane, niceness and Ray's worker niceness
+    path = [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]  # -p lane_probe imports it
+    env = {**os.environ, "RPG_TEST_WORKERS": "2", "VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda",
+           "RPG_LANE_PROBE": str(probe), "PYTHONPATH": os.pathsep.join(path)}  # fmt: skip
     env.pop("PYTEST_XDIST_WORKER", None)
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "test.sh"), "-q", "-p", "no:cacheprovider", "-k", selected],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "test.sh"), "-q", "-p", "no:cacheprovider", "-p", "lane_probe",
+                          "-k", selected], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     text = out.stdout + out.stderr
     for job in ("main:others", "vllm:test_vllm_compat_on_cpu"):  # the two jobs that hold the selected tests
         assert f"[test.sh] {job}: pytest exit 0" in text, text[-3000:]
@@ -37,6 +44,17 @@ def test_the_test_command_exits_0_when_its_tests_pass():
     busy = re.search(r"CPU busy meanwhile: (\d+) of (\d+) core-seconds \((\d+)%, (\d+) CPUs\)", text)
     assert busy and 0 < int(busy.group(1)) <= int(busy.group(2)) and int(busy.group(4)) == len(os.sched_getaffinity(0)), text[-2000:]
     assert out.returncode == 0, f"every selected test passed, yet scripts/test.sh exited {out.returncode}:\n{text[-2000:]}"
+    # the lanes: every trainer job (main:trainers, the vLLM modules that start a trainer) in lane 1, one at a time, its
+    # Ray workers at normal priority; the other jobs that ran beside them (lane 2) at nice 19
+    trainer_modules = [p for p in (ROOT / "tests" / "vllm_cpu").glob("test_*_on_cpu.py")
+                       if "pytest.mark.trainer" in p.read_text()]  # fmt: skip
+    jobs = [line.split() for line in probe.read_text().splitlines()]
+    base = os.nice(0)  # this process's niceness: the jobs' is relative to it
+    trainers = [job for job in jobs if job[2] == "0"]
+    assert len(trainers) == 1 + len(trainer_modules), jobs
+    assert all(lane == "1" and int(nice) == base for lane, nice, _ in trainers), jobs
+    beside = [job for job in jobs if job[0] != "1"]
+    assert beside and all(int(nice) == min(base + 19, 19) and ray == "-" for _, nice, ray in beside), jobs
 
 
 def test_every_module_that_starts_a_trainer_or_a_cluster_is_marked_trainer():
@@ -45,3 +63,19 @@ def test_every_module_that_starts_a_trainer_or_a_cluster_is_marked_trainer():
     assert len(starters) >= 7, f"the pattern no longer finds the end-to-end modules: {sorted(starters)}"
     unmarked = sorted(name for name, marked in starters.items() if not marked)
     assert not unmarked, f"these modules start a trainer or a Ray cluster without `pytest.mark.trainer`: {unmarked}"
+
+
+def test_the_environment_is_byte_compiled():
+    """scripts/setup_env.sh byte-compiles the environment: where PYTHONDONTWRITEBYTECODE is set (CI's machines) nothing
+    else would, and every process of every trainer start-up would compile torch, transformers and verl from source
+    (`import verl`: 20 s of CPU instead of 7). Judged on transformers' model files, which no test imports."""
+    import importlib.util
+
+    import transformers
+
+    sources = list((Path(transformers.__file__).parent / "models").glob("*/modeling_*.py"))
+    compiled = [p for p in sources if Path(importlib.util.cache_from_source(str(p))).is_file()]
+    assert len(sources) > 100 and len(compiled) >= 0.95 * len(sources), (
+        f"{len(compiled)} of {len(sources)} of transformers' model files are byte-compiled in {sys.prefix}: run "
+        "bash scripts/setup_env.sh (--vllm for .venv-vllm; it compiles the environment once)"
+    )

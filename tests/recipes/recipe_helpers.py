@@ -23,7 +23,7 @@ SCRIPTS_CPU = sorted((RECIPE / "cpu").glob("run_*.sh"))
 
 def run_script(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(script), *args], env=clean_env(**env), capture_output=True, text=True, timeout=60, cwd=REPO
+        ["bash", str(script), *args], env=clean_env(**env), capture_output=True, text=True, timeout=300, cwd=REPO
     )
 
 
