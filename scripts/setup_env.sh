@@ -88,7 +88,7 @@ if [ "${1:-}" = --vllm ]; then
 fi
 pip_install --no-deps -e "$ROOT"
 # Byte-compile the environment once (uv does not; pip does, and then this finds nothing to do). Without it, where
-# PYTHONDONTWRITEBYTECODE is set (as on this project's CI machines) every process compiles what it imports from source,
+# PYTHONDONTWRITEBYTECODE is set (as on the development machine) every process compiles what it imports from source,
 # every time: `import verl` took 20 s of CPU instead of 7, in each of the ~8 processes of every trainer start-up.
 # About 90 s of CPU for .venv, once. A few files of some packages are not Python 3 (templates, examples): their errors
 # go to the log.

@@ -66,7 +66,7 @@ def test_every_module_that_starts_a_trainer_or_a_cluster_is_marked_trainer():
 
 
 def test_the_environment_is_byte_compiled():
-    """scripts/setup_env.sh byte-compiles the environment: where PYTHONDONTWRITEBYTECODE is set (CI's machines) nothing
+    """scripts/setup_env.sh byte-compiles the environment: where PYTHONDONTWRITEBYTECODE is set (the development machine) nothing
     else would, and every process of every trainer start-up would compile torch, transformers and verl from source
     (`import verl`: 20 s of CPU instead of 7). Judged on transformers' model files, which no test imports."""
     import importlib.util
