@@ -21,19 +21,23 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from rpg.preflight import gpu, gpu_probe, wandb_check
+from rpg.preflight import disk, gpu, gpu_probe, wandb_check
+from rpg.preflight.compose import RecipeConfigError, compose_config
 from rpg.preflight.gpu_probe import NodeProbe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,9 +180,6 @@ def disk_line(environ: Mapping[str, str], free: Optional[Callable[[str], int]] =
 
 def _reachable(url: str, timeout: float) -> Optional[str]:
     """None if `url` answers (any HTTP status), else why not; DNS included in the timeout (a thread)."""
-    import urllib.error
-    import urllib.request
-
     answer: list = ["no answer within %.0f s" % timeout]
 
     def ask():
@@ -228,25 +229,19 @@ def wandb_line(environ: Mapping[str, str], config=None) -> Line:
 
 
 def recipe_config(script: Path, environ: Mapping[str, str]):
-    """The composed config a launch of `script` would run (its printed command, `rpg.launch.compose_config`)."""
-    from rpg.launch import compose_config, finish
-
+    """The composed config a launch of `script` would run: its printed command, composed and finished as the launcher
+    does (`rpg.preflight.compose.compose_config`)."""
     env = dict(environ, RPG_PRINT_ARGV="1", RPG_DRY_RUN="1")
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise ValueError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}")
     argv = json.loads(proc.stdout)["argv"]
-    return finish(compose_config(argv[3:]))
+    return compose_config(argv[3:])
 
 
 def recipe_lines(script: Path, environ: Mapping[str, str], node: NodeProbe, said: Sequence[str] = ()) -> list[Line]:
     """The launcher's verdicts on one recipe: memory plan, this node's refusals (those not `said` by the node's lines
     already), checkpoint disk, wandb."""
-    import io
-
-    from rpg.preflight import disk
-    from rpg.preflight.compose import RecipeConfigError
-
     name = f"{script.parent.name}/{script.name}"
     try:
         config = recipe_config(script, environ)

@@ -1,7 +1,7 @@
 """Submit a recipe's command to the Ray cluster at RAY_ADDRESS with Ray's job-submission SDK.
 
-Run by `recipe_argv.py` (as a sibling file: standard library + `ray` only, no `import rpg`). The repository is uploaded
-as the job's working directory (without virtualenvs, data and outputs) and the `rpg` package as a py_module to every
+Run by `rpg.preflight.recipe_argv` (standard library; `ray` is imported when a job is submitted). The repository is
+uploaded as the job's working directory (without virtualenvs, data and outputs) and the `rpg` package as a py_module to every
 node; the job receives the launcher's environment (`FORWARDED_ENV`), the profile's `RPG_PROFILE_JOB_ENV` (the CPU
 profile's platform settings) and the user's `RPG_JOB_ENV` (space-separated names; those unset here are skipped).
 It prints the submission id and the commands to follow, query and stop the job, then, by default, follows it: the logs

@@ -1,8 +1,9 @@
 """The recipe launcher: every `recipe/rpg/**/run_*.sh` is one line of Hydra group choices that `recipe/rpg/common.sh`
-hands here, with the user's arguments: `$PYTHON rpg/preflight/recipe_argv.py --repo DIR --script NAME -- ARGS...`.
+hands here, with the user's arguments: `python -m rpg.preflight.recipe_argv --repo DIR --script NAME -- ARGS...`, the
+checkout first on PYTHONPATH.
 
-Run as a file by the shell, with the standard library only: importing the `rpg` package imports verl (seconds), which
-the print mode and a Ray submission do not need. It
+It imports the standard library and `rpg.modes` (the run-mode table, standard library only), never verl: the print
+mode and a Ray submission start in a fraction of a second, with any python3 (tests/recipes/test_knobs_on_cpu.py). It
 
 * refuses an exported recipe setting (`REFUSED`: LR, KL_COEF, CTX, ...): a script's name means its config, so a
   setting is changed with the Hydra override this error names, never silently (the exported-knob rule,
@@ -12,7 +13,7 @@ the print mode and a Ray submission do not need. It
   default written once, and turns them into Hydra overrides placed before the script's choices (MODEL_PATH, which a
   setup also sets, after them);
 * then prints the command and its environment as JSON (`RPG_PRINT_ARGV=1`), runs it here (`os.execvpe`), or submits it
-  to the Ray cluster at `RAY_ADDRESS` (`ray_submit.py`, Ray's job-submission SDK).
+  to the Ray cluster at `RAY_ADDRESS` (`rpg.preflight.ray_submit`, Ray's job-submission SDK).
 
 The knob tables of README.md and recipe/rpg/README.md are generated from `KNOBS` and `REFUSED` (`--markdown`, between
 `<!-- knobs -->` markers, checked by the tests).
@@ -26,24 +27,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-
-def _run_modes():
-    """The run-mode table `rpg.modes` (stdlib only): imported with the package, or read from the file next to this
-    one when common.sh runs this file as a script (with any python3, whatever `rpg` it could import)."""
-    if __package__:
-        from rpg import modes
-
-        return modes
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_rpg_modes", Path(__file__).resolve().parents[1] / "modes.py")
-    modes = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = modes  # dataclasses look their module up
-    spec.loader.exec_module(modes)
-    return modes
-
-
-modes = _run_modes()
+from rpg import modes
+from rpg.preflight import ray_submit
 
 PLUGIN_MODULE = "rpg.verl_plugin"
 #: Environment variables every launch passes on (printed by RPG_PRINT_ARGV, sent to a Ray job).
@@ -435,6 +420,11 @@ def command(spec: dict, env: Dict[str, str]) -> Tuple[List[str], Dict[str, str],
     return argv, new_env, job_env
 
 
+def repo_first(repo: str, pythonpath: str) -> str:
+    """PYTHONPATH with the checkout first, once (common.sh put it there for this module already)."""
+    return ":".join([repo, *(p for p in pythonpath.split(":") if p and p != repo)])
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--markdown"]:
@@ -456,13 +446,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps({"argv": cmd, "ray_address": ray_address, "env": forwarded}))
         return 0
     if not ray_address:
-        env["PYTHONPATH"] = spec["repo"] + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = repo_first(spec["repo"], env.get("PYTHONPATH", ""))
         sys.stdout.flush()
         os.execvpe(cmd[0], cmd, env)
-    if __package__:
-        from rpg.preflight import ray_submit
-    else:  # run as a file: the sibling module, without importing the `rpg` package
-        import ray_submit  # type: ignore[no-redef]
     names = [*FORWARDED_ENV, *job_env]
     return ray_submit.submit(cmd, env, spec["repo"], env.get("EXP_NAME") or spec["script"], names)
 
