@@ -80,8 +80,10 @@ def _client(address: str):
             if waited >= CONNECT_WAIT_S:
                 raise
             if waited == 0.0:
-                print(f"[rpg] no answer from the Ray cluster at {address} yet; retrying for up to "
-                      f"{CONNECT_WAIT_S:.0f} s", file=sys.stderr)  # fmt: skip
+                print(
+                    f"[rpg] no answer from the Ray cluster at {address} yet; retrying for up to {CONNECT_WAIT_S:.0f} s",
+                    file=sys.stderr,
+                )
             time.sleep(2.0)
             waited += 2.0
 
@@ -103,20 +105,27 @@ def _submit_job(client, **job) -> None:
             return
         except RuntimeError as e:
             if dropped and "already exists" in str(e):
-                print(f"[rpg] job {job['submission_id']} reached the cluster before the connection dropped",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"[rpg] job {job['submission_id']} reached the cluster before the connection dropped",
+                    file=sys.stderr,
+                )
                 return
             if NO_AGENT not in str(e) or waited >= AGENT_WAIT_S:
                 raise
             if waited == 0.0:
-                print(f"[rpg] the cluster's job agent is not up yet (Ray: {NO_AGENT!r}; a head that has just "
-                      f"started); retrying for up to {AGENT_WAIT_S:.0f} s", file=sys.stderr)  # fmt: skip
+                print(
+                    f"[rpg] the cluster's job agent is not up yet (Ray: {NO_AGENT!r}; a head that has just "
+                    f"started); retrying for up to {AGENT_WAIT_S:.0f} s",
+                    file=sys.stderr,
+                )
         except OSError as e:  # requests' ConnectionError: the head's dashboard closed the connection
             if waited >= AGENT_WAIT_S:
                 raise
             dropped = True
-            print(f"[rpg] the cluster closed the connection ({e}); retrying for up to "
-                  f"{AGENT_WAIT_S - waited:.0f} s", file=sys.stderr)  # fmt: skip
+            print(
+                f"[rpg] the cluster closed the connection ({e}); retrying for up to {AGENT_WAIT_S - waited:.0f} s",
+                file=sys.stderr,
+            )
         time.sleep(pause)
         waited += pause
         pause = min(2 * pause, 10.0)
@@ -143,8 +152,10 @@ def submit(cmd: List[str], env: Dict[str, str], repo: str, exp_name: str, names:
     try:
         asyncio.run(_tail(client, job_id))
     except KeyboardInterrupt:
-        print(f"\n[rpg] stopped following; the job goes on (stop it: ray job stop --address {address} {job_id})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"\n[rpg] stopped following; the job goes on (stop it: ray job stop --address {address} {job_id})",
+            file=sys.stderr,
+        )
         return 130
     status = str(client.get_job_status(job_id))
     print(f"[rpg] Ray job {job_id}: {status}", file=sys.stderr)

@@ -209,8 +209,13 @@ def repo_with_a_venv(tmp_path):
     from recipe_helpers import REPO
 
     recipes = ("recipe/rpg/common.sh", "recipe/rpg/7b/run_dapo_7b.sh", "recipe/rpg/cpu/run_dapo.sh")
-    launcher = ("rpg/__init__.py", "rpg/modes.py", "rpg/preflight/__init__.py", "rpg/preflight/recipe_argv.py",
-                "rpg/preflight/ray_submit.py")
+    launcher = (
+        "rpg/__init__.py",
+        "rpg/modes.py",
+        "rpg/preflight/__init__.py",
+        "rpg/preflight/recipe_argv.py",
+        "rpg/preflight/ray_submit.py",
+    )
     for rel in (*recipes, *launcher):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp_path / rel)
