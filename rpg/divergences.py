@@ -164,9 +164,15 @@ class Divergence:
         return out
 
     def kl_adv(
-        self, log_w: Tensor, log_rho: Scalar, beta: float, *, log_w_kl: Optional[Tensor],
-        w: Optional[Tensor] = None, kl: Optional[Tensor] = None,
-    ) -> Tensor:  # fmt: skip
+        self,
+        log_w: Tensor,
+        log_rho: Scalar,
+        beta: float,
+        *,
+        log_w_kl: Optional[Tensor],
+        w: Optional[Tensor] = None,
+        kl: Optional[Tensor] = None,
+    ) -> Tensor:
         """β·C_KL(w_k)/w = a·β·(ρ/w) + β·(w_k/w)·b(log w_k), the KL part of the REINFORCE effective advantage
         A' = A + C/w (Algorithm 2 line 14: C at w_k = w̄ or w, divided by the raw w). Detached inputs; a new tensor.
 
@@ -244,30 +250,59 @@ DIVERGENCES: dict[str, Divergence] = {
     for d in (
         # FKL: T = −ρ·log w; C_KL/β = ρ (Prop. E.1 weight `w·R + β`)
         Divergence(
-            name="fkl", paper_name="FKL", objective="KL(π_ref‖π_θ)",
-            table_rho=_fkl_p, table_w=None, kl_rho=1.0, kl_w=None,
-            reverse=False, authors_clamp=False, ratio_dependent_kl=False,
+            name="fkl",
+            paper_name="FKL",
+            objective="KL(π_ref‖π_θ)",
+            table_rho=_fkl_p,
+            table_w=None,
+            kl_rho=1.0,
+            kl_w=None,
+            reverse=False,
+            authors_clamp=False,
+            ratio_dependent_kl=False,
         ),
         # RKL: T = w·log(w/ρ); C_KL/β = −w·(log(w/ρ) + 1) (Prop. E.3)
         Divergence(
-            name="rkl", paper_name="RKL", objective="KL(π_θ‖π_ref)",
-            table_rho=None, table_w=_log_r, kl_rho=0.0, kl_w=_rkl_b,
-            reverse=True, authors_clamp=True, ratio_dependent_kl=True,
+            name="rkl",
+            paper_name="RKL",
+            objective="KL(π_θ‖π_ref)",
+            table_rho=None,
+            table_w=_log_r,
+            kl_rho=0.0,
+            kl_w=_rkl_b,
+            reverse=True,
+            authors_clamp=True,
+            ratio_dependent_kl=True,
         ),
         # UFKL: T = ρ·k3(w/ρ) = w − ρ − ρ·log(w/ρ) (Table 1, Remark 3.3); C_KL/β = ρ − w (Prop. 3.2)
         Divergence(
-            name="ufkl", paper_name="UFKL", objective="UKL(π_ref‖π_θ)",
-            table_rho=_ufkl_p, table_w=_one, kl_rho=1.0, kl_w=_minus_one,
-            reverse=False, authors_clamp=True, ratio_dependent_kl=True,
+            name="ufkl",
+            paper_name="UFKL",
+            objective="UKL(π_ref‖π_θ)",
+            table_rho=_ufkl_p,
+            table_w=_one,
+            kl_rho=1.0,
+            kl_w=_minus_one,
+            reverse=False,
+            authors_clamp=True,
+            ratio_dependent_kl=True,
         ),
         # URKL: T = w·log(w/ρ) − w (Table 1), D̂ = T + ρ = w·k3(ρ/w) (Remark 3.7); C_KL/β = −w·log(w/ρ) (Prop. 3.6)
         Divergence(
-            name="urkl", paper_name="URKL", objective="UKL(π_θ‖π_ref)",
-            table_rho=None, table_w=_log_r_minus_1, kl_rho=0.0, kl_w=_neg_log_r,
-            reverse=True, authors_clamp=True, ratio_dependent_kl=True, surrogate_adds_rho=True,
+            name="urkl",
+            paper_name="URKL",
+            objective="UKL(π_θ‖π_ref)",
+            table_rho=None,
+            table_w=_log_r_minus_1,
+            kl_rho=0.0,
+            kl_w=_neg_log_r,
+            reverse=True,
+            authors_clamp=True,
+            ratio_dependent_kl=True,
+            surrogate_adds_rho=True,
         ),
     )
-}  # fmt: skip
+}
 
 
 def w_k3(log_w: Tensor, w: Tensor, log_rho: Scalar, rho: Scalar) -> Tensor:

@@ -34,8 +34,11 @@ def rpg(method: str, divergence: str, beta: str) -> tuple[str, ...]:
 def reference(kind: str) -> tuple[str, ...]:
     """A KL reference other than the iterative one (frozen | periodic): verl builds the reference model
     (use_kl_loss=True) and adds no KL of its own (kl_loss_coef=0)."""
-    return (f"actor_rollout_ref.actor.policy_loss.reference={kind}", "actor_rollout_ref.actor.use_kl_loss=True",
-            "actor_rollout_ref.actor.kl_loss_coef=0.0")  # fmt: skip
+    return (
+        f"actor_rollout_ref.actor.policy_loss.reference={kind}",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.0",
+    )
 
 
 #: The ratio clip (ε1, ε2) = (0.1, 0.1) of the clip ablation (Fig. 8).

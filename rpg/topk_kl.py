@@ -28,6 +28,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from rpg.divergences import LOG_RATIO_GUARD, guarded_log_ratio
+from rpg.kl_credit import exclusive_prefix_sum, exclusive_suffix_sum
 
 Tensor = torch.Tensor
 
@@ -36,10 +37,26 @@ TAILS = ("bucket", "sampled")
 DEFAULT_CHUNK_TOKENS = 1024  # rows of (chunk, V) fp32 at a time: 0.6 GB at V = 152k
 
 __all__ = [
-    "DIRECTIONS", "TAILS", "Support", "TopKKL", "KLShare", "check_k", "check_options", "chunked_logsumexp",
-    "select_support", "gather_log_probs", "in_support", "topk_kl", "sampled_tail", "sequence_credited", "kl_share",
-    "ShareMoments", "share_moments", "kl_share_from_moments", "share_ratio",
-]  # fmt: skip
+    "DIRECTIONS",
+    "TAILS",
+    "Support",
+    "TopKKL",
+    "KLShare",
+    "check_k",
+    "check_options",
+    "chunked_logsumexp",
+    "select_support",
+    "gather_log_probs",
+    "in_support",
+    "topk_kl",
+    "sampled_tail",
+    "sequence_credited",
+    "kl_share",
+    "ShareMoments",
+    "share_moments",
+    "kl_share_from_moments",
+    "share_ratio",
+]
 
 
 # ---- options ---------------------------------------------------------------------------------------------------
@@ -116,8 +133,9 @@ def chunked_logsumexp(
     logits: Tensor, mask: Optional[Tensor] = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, with_sum_sq: bool = False
 ) -> tuple[Tensor, Tensor]:
     """(lse (N,), Σ_V p² (N,) or empty) of `logits` (N, V) in fp32 (fp64 for fp64 logits); 0 on padding rows."""
-    lse, _, sq = _logsumexp_and_gather(logits, logits.new_zeros(logits.shape[0], 0, dtype=torch.long), mask,
-                                       chunk_tokens, with_sum_sq)  # fmt: skip
+    lse, _, sq = _logsumexp_and_gather(
+        logits, logits.new_zeros(logits.shape[0], 0, dtype=torch.long), mask, chunk_tokens, with_sum_sq
+    )
     return lse, sq
 
 
@@ -270,8 +288,6 @@ def sequence_credited(
     """β·K with sequence credit (docs/losses.md#topk-kl, #kl-credit), per token (bs, T): reverse
     β·SG(P_t)·K_t + β·SG(G_t)·(log w_t − SG(log w_t)) with G_t = Σ_{t'>t} P_{t'}·SG(K_{t'}); forward β·SG(R_t)·K_t.
     `kl` the per-token top-k KL (analytic + tail, with gradient), `log_w` guarded with gradient, `log_rho` detached."""
-    from rpg.kl_credit import exclusive_prefix_sum, exclusive_suffix_sum
-
     mask = mask.bool()
     with torch.no_grad():
         if direction == "forward":

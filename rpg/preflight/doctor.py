@@ -21,26 +21,40 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from rpg.preflight import gpu, gpu_probe, wandb_check
+from rpg.preflight import disk, gpu, gpu_probe, wandb_check
+from rpg.preflight.compose import RecipeConfigError, compose_config
 from rpg.preflight.gpu_probe import NodeProbe
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 HUB_TIMEOUT_S = 5.0
-NETWORK_ENV_PREFIXES = ("NCCL_", "GLOO_", "TP_SOCKET_", "UCX_", "FI_", "MASTER_", "CUDA_VISIBLE_DEVICES",
-                        "CUDA_DEVICE_MAX_CONNECTIONS", "TORCH_NCCL_", "RAY_ADDRESS")  # fmt: skip
+NETWORK_ENV_PREFIXES = (
+    "NCCL_",
+    "GLOO_",
+    "TP_SOCKET_",
+    "UCX_",
+    "FI_",
+    "MASTER_",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "TORCH_NCCL_",
+    "RAY_ADDRESS",
+)
 PINNED = {"torch": "2.11.0", "vllm": "0.24.0", "verl": "0.9.1"}  # requirements-gpu.txt: verl[vllm]==0.9.1's pins
 GPU_ENV = "pip install -r requirements-gpu.txt in a fresh virtualenv (docs/gpu.md#install)"
 
@@ -66,8 +80,12 @@ def _version(package: str) -> Optional[str]:
 def python_line() -> Line:
     v = sys.version_info
     ok = (3, 10) <= v[:2] < (3, 13)
-    return Line("OK" if ok else "FAIL", "python", f"{v.major}.{v.minor}.{v.micro} ({sys.executable})",
-                "" if ok else "verl 0.9.1 needs Python >=3.10,<3.13: python3.12 (Ubuntu 24.04) or python3.11")
+    return Line(
+        "OK" if ok else "FAIL",
+        "python",
+        f"{v.major}.{v.minor}.{v.micro} ({sys.executable})",
+        "" if ok else "verl 0.9.1 needs Python >=3.10,<3.13: python3.12 (Ubuntu 24.04) or python3.11",
+    )
 
 
 def package_lines(version: Callable[[str], Optional[str]] = _version) -> list[Line]:
@@ -94,10 +112,14 @@ def attention_line(node: NodeProbe, find_spec=None, version: Callable[[str], Opt
         return Line("FAIL", "flash-attn", detail, fix)
     if route == "flash_attn":
         return Line("OK", "flash-attn", f"flash-attn {version('flash-attn')}, {gpu_probe.FLASH_ATTN_EXTENSION} loads")
-    return Line("WARN", "flash-attn", f"not installed; flash_attention_2 loads the Hub kernel {gpu.KERNEL_REPO} "
-                f"(kernels {version('kernels')}): every node needs Hub access or the kernel in its HF cache, and verl "
-                "falls back to torch's cross-entropy (more memory: docs/gpu.md#memory-plan)",
-                f"for verl's Triton cross-entropy, compile flash-attn: {gpu.FLASH_ATTN_INSTALL}")  # fmt: skip
+    return Line(
+        "WARN",
+        "flash-attn",
+        f"not installed; flash_attention_2 loads the Hub kernel {gpu.KERNEL_REPO} "
+        f"(kernels {version('kernels')}): every node needs Hub access or the kernel in its HF cache, and verl "
+        "falls back to torch's cross-entropy (more memory: docs/gpu.md#memory-plan)",
+        f"for verl's Triton cross-entropy, compile flash-attn: {gpu.FLASH_ATTN_INSTALL}",
+    )
 
 
 # the smallest config `gpu.attention_problems` reads: the model's attn_implementation left at verl's default
@@ -114,24 +136,37 @@ def node_lines(node: NodeProbe, torch_cuda: Optional[str]) -> list[Line]:
         lines.append(Line("FAIL", "driver", detail, fix))
     else:
         have = "{}.{}".format(*node.driver_cuda) if node.driver_cuda else "?"
-        lines.append(Line("OK", "driver", f"NVIDIA {node.driver}, supports CUDA up to {have}; torch built for CUDA "
-                                          f"{torch_cuda}"))  # fmt: skip
+        lines.append(
+            Line("OK", "driver", f"NVIDIA {node.driver}, supports CUDA up to {have}; torch built for CUDA {torch_cuda}")
+        )
     pieces = ", ".join(f"{k} {cuda[k]}" for k in ("torch", "cuda", "cudnn", "nccl") if cuda.get(k))
     if cuda.get("error"):
         lines.append(Line("FAIL", "torch.cuda", f"{cuda['error']} ({pieces})", "check the driver with nvidia-smi"))
     elif cuda.get("torch") and not cuda.get("cuda"):
-        lines.append(Line("FAIL", "torch.cuda", f"torch {cuda['torch']} is a CPU build (torch.version.cuda is None)",
-                          GPU_ENV))
+        lines.append(
+            Line("FAIL", "torch.cuda", f"torch {cuda['torch']} is a CPU build (torch.version.cuda is None)", GPU_ENV)
+        )
     elif pieces:
         lines.append(Line("OK", "torch.cuda", pieces))
     nvml, seen = node.gpu_total_bytes, list(cuda.get("total_bytes") or [])
     if not nvml and not seen:
-        lines.append(Line("FAIL", "gpus", "no GPU: NVML and torch see none on this machine (a CPU machine: the GPU "
-                          "recipes cannot run here)", "run on a GPU node; on this machine: RPG_PROFILE=cpu (the CPU "
-                          "profile, docs/cpu.md)"))  # fmt: skip
+        lines.append(
+            Line(
+                "FAIL",
+                "gpus",
+                "no GPU: NVML and torch see none on this machine (a CPU machine: the GPU recipes cannot run here)",
+                "run on a GPU node; on this machine: RPG_PROFILE=cpu (the CPU profile, docs/cpu.md)",
+            )
+        )
     elif not seen:
-        lines.append(Line("FAIL", "gpus", f"NVML shows {len(nvml)} GPU(s) but torch sees none",
-                          "a CUDA build of torch that this driver supports (the driver line)"))
+        lines.append(
+            Line(
+                "FAIL",
+                "gpus",
+                f"NVML shows {len(nvml)} GPU(s) but torch sees none",
+                "a CUDA build of torch that this driver supports (the driver line)",
+            )
+        )
     else:
         detail = f"{len(seen)} × {min(seen) / GIB:.2f} GiB (torch.cuda.mem_get_info total: what vLLM budgets from)"
         if nvml:
@@ -144,8 +179,12 @@ def vllm_line(node: NodeProbe, find_spec=None) -> Line:
     if (find_spec or importlib.util.find_spec)("vllm") is None:
         return Line("FAIL", "vllm._C", "vllm is not installed", GPU_ENV)
     if node.vllm_error:
-        return Line("FAIL", "vllm._C", f"vLLM's compiled ops do not load: {node.vllm_error}",
-                    "reinstall the pinned vllm and torch together: " + GPU_ENV)
+        return Line(
+            "FAIL",
+            "vllm._C",
+            f"vLLM's compiled ops do not load: {node.vllm_error}",
+            "reinstall the pinned vllm and torch together: " + GPU_ENV,
+        )
     return Line("OK", "vllm._C", "loads")
 
 
@@ -160,8 +199,11 @@ def ray_line(environ: Mapping[str, str], version: Callable[[str], Optional[str]]
     if have is None:
         return Line("FAIL", "ray", "not installed", GPU_ENV)
     address = environ.get("RAY_ADDRESS")
-    where = f"RAY_ADDRESS={address}: a launch submits a Ray job there" if address else "no RAY_ADDRESS: a launch " \
-        "starts a local Ray cluster on this node"  # fmt: skip
+    where = (
+        f"RAY_ADDRESS={address}: a launch submits a Ray job there"
+        if address
+        else "no RAY_ADDRESS: a launch starts a local Ray cluster on this node"
+    )
     return Line("OK", "ray", f"{have}; {where}")
 
 
@@ -170,15 +212,16 @@ def disk_line(environ: Mapping[str, str], free: Optional[Callable[[str], int]] =
     where = next(p for p in (folder, *folder.parents) if p.exists())  # the folder, or the part of it that exists
     left = (free or (lambda p: shutil.disk_usage(p).free))(str(where))
     detail = f"{left / 1e9:.1f} GB free at {where} (CKPTS_DIR={folder}); a recipe's need: give it as an argument"
-    return Line("OK" if left >= 100e9 else "WARN", "disk", detail, "" if left >= 100e9 else
-                "a 7B run's checkpoints take hundreds of GB: set CKPTS_DIR to a larger disk")  # fmt: skip
+    return Line(
+        "OK" if left >= 100e9 else "WARN",
+        "disk",
+        detail,
+        "" if left >= 100e9 else "a 7B run's checkpoints take hundreds of GB: set CKPTS_DIR to a larger disk",
+    )
 
 
 def _reachable(url: str, timeout: float) -> Optional[str]:
     """None if `url` answers (any HTTP status), else why not; DNS included in the timeout (a thread)."""
-    import urllib.error
-    import urllib.request
-
     answer: list = ["no answer within %.0f s" % timeout]
 
     def ask():
@@ -203,16 +246,28 @@ def hub_lines(environ: Mapping[str, str], reach: Callable[[str, float], Optional
     token = "a token is set" if get_token() else "no token (the recipes' models are public)"
     lines = [Line("OK", "hf cache", f"{constants.HF_HUB_CACHE}; {token}")]
     if offline:
-        lines.append(Line("OK", "hf hub", "HF_HUB_OFFLINE=1: models (and the flash-attn2 Hub kernel) are read from the "
-                          "cache only", ""))  # fmt: skip
+        lines.append(
+            Line(
+                "OK",
+                "hf hub",
+                "HF_HUB_OFFLINE=1: models (and the flash-attn2 Hub kernel) are read from the cache only",
+                "",
+            )
+        )
         return lines
     why = reach(constants.ENDPOINT, HUB_TIMEOUT_S)
     if why is None:
         lines.append(Line("OK", "hf hub", f"{constants.ENDPOINT} answers"))
     else:
-        lines.append(Line("WARN", "hf hub", f"{constants.ENDPOINT} does not answer ({why})",
-                          "download on a machine with access into a shared HF_HOME (hf download <model>; the Hub "
-                          "kernel: docs/gpu.md#install), then HF_HUB_OFFLINE=1 on every node"))  # fmt: skip
+        lines.append(
+            Line(
+                "WARN",
+                "hf hub",
+                f"{constants.ENDPOINT} does not answer ({why})",
+                "download on a machine with access into a shared HF_HOME (hf download <model>; the Hub "
+                "kernel: docs/gpu.md#install), then HF_HUB_OFFLINE=1 on every node",
+            )
+        )
     return lines
 
 
@@ -228,25 +283,19 @@ def wandb_line(environ: Mapping[str, str], config=None) -> Line:
 
 
 def recipe_config(script: Path, environ: Mapping[str, str]):
-    """The composed config a launch of `script` would run (its printed command, `rpg.launch.compose_config`)."""
-    from rpg.launch import compose_config, finish
-
+    """The composed config a launch of `script` would run: its printed command, composed and finished as the launcher
+    does (`rpg.preflight.compose.compose_config`)."""
     env = dict(environ, RPG_PRINT_ARGV="1", RPG_DRY_RUN="1")
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise ValueError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}")
     argv = json.loads(proc.stdout)["argv"]
-    return finish(compose_config(argv[3:]))
+    return compose_config(argv[3:])
 
 
 def recipe_lines(script: Path, environ: Mapping[str, str], node: NodeProbe, said: Sequence[str] = ()) -> list[Line]:
     """The launcher's verdicts on one recipe: memory plan, this node's refusals (those not `said` by the node's lines
     already), checkpoint disk, wandb."""
-    import io
-
-    from rpg.preflight import disk
-    from rpg.preflight.compose import RecipeConfigError
-
     name = f"{script.parent.name}/{script.name}"
     try:
         config = recipe_config(script, environ)
@@ -257,11 +306,17 @@ def recipe_lines(script: Path, environ: Mapping[str, str], node: NodeProbe, said
         out = io.StringIO()
         try:
             plan = gpu.check_memory_plan(config, out=out, node=node)
-            status, detail, fix = ("OK", out.getvalue().strip(), "") if plan else ("WARN", out.getvalue().strip(),
-                                                                                    "hf download <model> config.json")
+            status, detail, fix = (
+                ("OK", out.getvalue().strip(), "")
+                if plan
+                else ("WARN", out.getvalue().strip(), "hf download <model> config.json")
+            )
         except RecipeConfigError as e:
-            status, detail, fix = "FAIL", f"{out.getvalue().strip()} {e}".split(" If you measured")[0], \
-                "the settings it names (or RPG_MEMORY_PLAN=warn after a measured smoke run)"  # fmt: skip
+            status, detail, fix = (
+                "FAIL",
+                f"{out.getvalue().strip()} {e}".split(" If you measured")[0],
+                "the settings it names (or RPG_MEMORY_PLAN=warn after a measured smoke run)",
+            )
         lines.append(Line(status, "memory plan", detail.replace("[rpg] ", ""), fix))
         for problem in gpu.runtime_problems(config, node=node) if not environ.get("RAY_ADDRESS") else []:
             detail, _, fix = problem.partition(" Fix: ")
@@ -283,13 +338,24 @@ def ask_node(find_spec=None) -> NodeProbe:
     return gpu_probe.probe(what + gpu.attention_questions(find_spec))
 
 
-def report(recipes: Sequence[Path] = (), environ: Optional[Mapping[str, str]] = None,
-           node: Optional[NodeProbe] = None) -> list[Line]:  # fmt: skip
+def report(
+    recipes: Sequence[Path] = (), environ: Optional[Mapping[str, str]] = None, node: Optional[NodeProbe] = None
+) -> list[Line]:
     environ = dict(os.environ if environ is None else environ)
     node = node if node is not None else ask_node()
     torch_cuda = gpu_probe.torch_cuda_version()
-    lines = [python_line(), *package_lines(), vllm_line(node), attention_line(node), *node_lines(node, torch_cuda),
-             network_line(environ), ray_line(environ), disk_line(environ), *hub_lines(environ), wandb_line(environ)]
+    lines = [
+        python_line(),
+        *package_lines(),
+        vllm_line(node),
+        attention_line(node),
+        *node_lines(node, torch_cuda),
+        network_line(environ),
+        ray_line(environ),
+        disk_line(environ),
+        *hub_lines(environ),
+        wandb_line(environ),
+    ]
     for script in recipes:
         lines += recipe_lines(Path(script), environ, node, said=[line.detail for line in lines])
     return lines
@@ -297,14 +363,20 @@ def report(recipes: Sequence[Path] = (), environ: Optional[Mapping[str, str]] = 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="rpg-doctor", description=__doc__.split("\n\n")[0])
-    parser.add_argument("recipes", nargs="*", type=Path, help="recipe scripts to judge on this node "
-                        "(e.g. recipe/rpg/4b/run_rpg_reinforce_urkl_4k.sh)")  # fmt: skip
+    parser.add_argument(
+        "recipes",
+        nargs="*",
+        type=Path,
+        help="recipe scripts to judge on this node (e.g. recipe/rpg/4b/run_rpg_reinforce_urkl_4k.sh)",
+    )
     args = parser.parse_args(argv)
     lines = report(args.recipes)
     print("\n".join(line.text() for line in lines))
     fails = sum(line.status == "FAIL" for line in lines)
-    print(f"rpg-doctor: {fails} FAIL, {sum(line.status == 'WARN' for line in lines)} WARN, "
-          f"{sum(line.status == 'OK' for line in lines)} OK")  # fmt: skip
+    print(
+        f"rpg-doctor: {fails} FAIL, {sum(line.status == 'WARN' for line in lines)} WARN, "
+        f"{sum(line.status == 'OK' for line in lines)} OK"
+    )
     return 1 if fails else 0
 
 

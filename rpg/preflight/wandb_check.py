@@ -25,6 +25,8 @@ import sys
 from typing import Any, Mapping, Optional
 from urllib.parse import urlparse
 
+from rpg.preflight.compose import RecipeConfigError
+
 OFFLINE_MODES = ("offline", "disabled", "dryrun")
 DEFAULT_HOST = "api.wandb.ai"
 FIXES = (
@@ -75,8 +77,12 @@ def credentials(env: Mapping[str, str], local: bool, netrc_path: Optional[str] =
     return None
 
 
-def wandb_problem(config: Any, environ: Optional[Mapping[str, str]] = None, local: Optional[bool] = None,
-                  netrc_path: Optional[str] = None) -> Optional[str]:  # fmt: skip
+def wandb_problem(
+    config: Any,
+    environ: Optional[Mapping[str, str]] = None,
+    local: Optional[bool] = None,
+    netrc_path: Optional[str] = None,
+) -> Optional[str]:
     """The refusal of a run logging to wandb without credentials or an offline mode; None when it has them (or does
     not log to wandb). `local` (default: no RAY_ADDRESS) lets ~/.netrc count."""
     environ = os.environ if environ is None else environ
@@ -86,7 +92,8 @@ def wandb_problem(config: Any, environ: Optional[Mapping[str, str]] = None, loca
     if credentials(run_environment(config, environ), local, netrc_path):
         return None
     where = "the launcher's environment, ray_kwargs.ray_init.runtime_env.env_vars" + (
-        " or ~/.netrc" if local else " (a Ray job at RAY_ADDRESS: ~/.netrc on this machine does not count)")
+        " or ~/.netrc" if local else " (a Ray job at RAY_ADDRESS: ~/.netrc on this machine does not count)"
+    )
     return (
         f"trainer.logger includes wandb, but wandb has no credentials and no offline mode ({where}: no WANDB_API_KEY, "
         f"WANDB_MODE unset): verl calls wandb.init in the TaskRunner after the workers and vLLM have started, and "
@@ -96,8 +103,6 @@ def wandb_problem(config: Any, environ: Optional[Mapping[str, str]] = None, loca
 
 def check_wandb(config: Any, *, dry_run: bool, out=None) -> None:
     """The launcher's check: a real launch raises RecipeConfigError; a dry run prints what a launch would refuse."""
-    from rpg.preflight.compose import RecipeConfigError
-
     if (problem := wandb_problem(config)) is None:
         return
     if not dry_run:

@@ -27,6 +27,11 @@ class ReferenceState:
     history: list = field(default_factory=list)  # one dict per refresh: train_step, optimizer_step, reason, kl_ema
 
 
+def _finite_non_negative(x) -> bool:
+    """Whether `x` is a number (not a bool), finite and ≥ 0."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
 class RefreshSchedule:
     """When to set π_ref ← π_θ: every K optimizer steps and/or when the KL moving average exceeds κ.
 
@@ -110,8 +115,7 @@ class RefreshSchedule:
                 raise ValueError(f"RefreshSchedule state {key}={value!r} must be an integer ≥ 0")
             counters[key] = value
         ema = state["kl_ema"]
-        if ema is not None and (isinstance(ema, bool) or not isinstance(ema, (int, float)) or not math.isfinite(ema)
-                                or ema < 0):  # fmt: skip
+        if ema is not None and not _finite_non_negative(ema):
             raise ValueError(f"RefreshSchedule state kl_ema={ema!r} must be null or a finite number ≥ 0")
         history = state["history"]
         if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):

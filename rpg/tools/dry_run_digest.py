@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
+from rpg.atomic import atomic_write_text
 from rpg.preflight import recipe_argv as ra
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,7 +81,7 @@ def normalised(config) -> str:
 
 def normalised_yaml(overrides: list[str]) -> str:
     """The resolved config a dry run prints (`rpg.launch.compose_config` of `overrides`), normalised."""
-    from rpg.launch import compose_config
+    from rpg.launch import compose_config  # imports torch: the tests import this module's helpers without it
 
     return normalised(compose_config(overrides))
 
@@ -113,8 +114,6 @@ def main(argv: Optional[list[str]] = None) -> None:
     lines = [f"{n} {h}" for n, h, _ in digests(args.yaml_dir)]
     text = "# python -m rpg.tools.dry_run_digest --write tests/recipes/dry_run_golden.txt\n" + "\n".join(lines) + "\n"
     if args.write:
-        from rpg.atomic import atomic_write_text
-
         atomic_write_text(args.write, text)
     sys.stdout.write(text)
 

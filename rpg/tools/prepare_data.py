@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from rpg.atomic import atomic_path, sigterm_exits
+from rpg.data.reward import MATH_DAPO_PREFIXES, MATH_DAPO_SOURCES, MATH_VERIFY_SOURCES, scorer_for
 
 #: Prompt template, byte-exact (docs/differences.md#s7-3). ``$Answer`` is literal text.
 PRE = (
@@ -367,8 +368,6 @@ def write_parquet(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
 def check_data_source(data_source: str) -> None:
     """Fail early if neither ``rpg.data.reward`` nor verl's ``default_compute_score`` can score the source
     (docs/differences.md#d17: e.g. ``math-dapo`` with a hyphen)."""
-    from rpg.data.reward import MATH_DAPO_PREFIXES, MATH_DAPO_SOURCES, MATH_VERIFY_SOURCES, scorer_for
-
     if scorer_for(data_source) is not None:
         return
     from verl.utils.reward_score import default_compute_score

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from rpg.atomic import atomic_write_text
 from rpg.recipe_table import RECIPES, Recipe
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipe" / "rpg"
@@ -38,8 +39,9 @@ def drift(recipe_dir: Path = RECIPE_DIR) -> list[str]:
         if not path.is_file():
             problems.append(f"{recipe.path}: missing (python -m rpg.tools.recipes --write)")
         elif path.read_text() != script_text(recipe):
-            problems.append(f"{recipe.path}: differs from its row of rpg/recipe_table.py (python -m rpg.tools.recipes "
-                            f"--write)")  # fmt: skip
+            problems.append(
+                f"{recipe.path}: differs from its row of rpg/recipe_table.py (python -m rpg.tools.recipes --write)"
+            )
     known = {r.path for r in RECIPES}
     for d in DIRECTORIES:
         for path in sorted((recipe_dir / d).glob("run_*.sh")):
@@ -49,8 +51,6 @@ def drift(recipe_dir: Path = RECIPE_DIR) -> list[str]:
 
 
 def write(recipe_dir: Path = RECIPE_DIR) -> None:
-    from rpg.atomic import atomic_write_text
-
     for recipe in RECIPES:
         path = recipe_dir / recipe.path
         atomic_write_text(path, script_text(recipe))

@@ -21,7 +21,7 @@ FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 @pytest.fixture
 def vllm_venv(tmp_path: Path) -> Path:
     """A stand-in .venv-vllm folder whose bin/python is this test's interpreter (print mode runs only the launcher's
-    standard-library rpg/preflight/recipe_argv.py with it)."""
+    standard-library `python -m rpg.preflight.recipe_argv` with it)."""
     exe = tmp_path / "venv-vllm" / "bin" / "python"
     exe.parent.mkdir(parents=True)
     exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')

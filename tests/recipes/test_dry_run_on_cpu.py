@@ -616,7 +616,7 @@ def test_order_of_overrides_and_plugin_env(tmp_path: Path):
 
 def _fake_python(path: Path) -> Path:
     """A `python` that records the argv of `-m rpg.launch` (and VERL_USE_EXTERNAL_MODULES, PYTHONPATH) as JSON in
-    $FAKE_OUT; anything else (common.sh's rpg/preflight/recipe_argv.py) runs in this test's interpreter."""
+    $FAKE_OUT; anything else (common.sh's `-m rpg.preflight.recipe_argv`) runs in this test's interpreter."""
     exe = path / "python"
     exe.write_text(
         f"#!{sys.executable}\nimport json, os, sys\n"

@@ -201,16 +201,22 @@ def test_smoke_settings_are_passed_on_to_the_launch_and_to_ray_jobs():
 # ---- 4. Interpreter and engines --------------------------------------------------------------------------------------
 @pytest.fixture
 def repo_with_a_venv(tmp_path):
-    """A copy of the launcher (common.sh, one 7b and one cpu script, recipe_argv.py and the run-mode table it reads)
-    in a checkout
-    whose .venv/bin/python exists: it runs this test's interpreter and leaves a mark when run."""
+    """A copy of the launcher (common.sh, one 7b and one cpu script, rpg.preflight.recipe_argv and the modules it
+    imports) in a checkout whose .venv/bin/python exists: it runs this test's interpreter and leaves a mark when run."""
     import shutil
     import stat
 
     from recipe_helpers import REPO
 
-    for rel in ("recipe/rpg/common.sh", "recipe/rpg/7b/run_dapo_7b.sh",
-                "recipe/rpg/cpu/run_dapo.sh", "rpg/preflight/recipe_argv.py", "rpg/modes.py"):  # fmt: skip
+    recipes = ("recipe/rpg/common.sh", "recipe/rpg/7b/run_dapo_7b.sh", "recipe/rpg/cpu/run_dapo.sh")
+    launcher = (
+        "rpg/__init__.py",
+        "rpg/modes.py",
+        "rpg/preflight/__init__.py",
+        "rpg/preflight/recipe_argv.py",
+        "rpg/preflight/ray_submit.py",
+    )
+    for rel in (*recipes, *launcher):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp_path / rel)
     venv_python = tmp_path / ".venv" / "bin" / "python"

@@ -21,7 +21,7 @@ def test_readme_knob_table_is_generated_from_the_knob_list():
     assert found, "recipe/rpg/README.md has no <!-- knobs --> block"
     assert found.group(1) == ra.markdown(), (
         "recipe/rpg/README.md's knob table differs from rpg/preflight/recipe_argv.py KNOBS/REFUSED: regenerate it "
-        "with python rpg/preflight/recipe_argv.py --markdown"
+        "with python -m rpg.preflight.recipe_argv --markdown"
     )
 
 
@@ -107,12 +107,16 @@ def test_hydra_files_splits_lines_and_keeps_lists():
 
 
 def test_stdlib_only():
-    """common.sh runs recipe_argv.py as a file with any python3: it imports nothing outside the standard library."""
+    """common.sh runs `python -m rpg.preflight.recipe_argv` with any python3: the module and the rpg modules it
+    imports need nothing outside the standard library (an interpreter without site-packages imports it)."""
     import sys
 
-    code = "import sys; sys.modules['rpg'] = None; import runpy; runpy.run_path(sys.argv[1], run_name='x')"
-    proc = subprocess.run([sys.executable, "-I", "-c", code, ra.__file__], capture_output=True, text=True)
+    imports = "import rpg.preflight.recipe_argv; print(json.dumps([*sys.modules]))"
+    code = f"import json, sys; sys.path.insert(0, sys.argv[1]); {imports}"
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(REPO)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+    rpg_modules = sorted(m for m in json.loads(proc.stdout) if m.split(".")[0] == "rpg")
+    assert rpg_modules == ["rpg", "rpg.modes", "rpg.preflight", "rpg.preflight.ray_submit", "rpg.preflight.recipe_argv"]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
