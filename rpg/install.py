@@ -21,8 +21,8 @@ name in RPG_INSTALL   what is installed                                         
                       terms published in ppo_loss (`rpg.topk_hook`)
 ====================  ==========================================================  ==================================
 
-``periodic_reference`` (the name of ``worker_hooks`` before it also covered the EMA reference and the adaptive β) is
-accepted as an alias (`ALIASES`).
+``periodic_reference``, the former name of ``worker_hooks`` (which installs the EMA reference's and the adaptive β's
+hooks too, not the periodic reference's alone), is accepted as an alias (`ALIASES`).
 
 Contract (other modules and branches rely on it):
 
@@ -62,7 +62,7 @@ ENV = "RPG_INSTALL"
 REF_LOG_PROB, WORKER_HOOKS, SCHEDULE_FREE = patches.REF_LOG_PROB, patches.WORKER_HOOKS, patches.SCHEDULE_FREE
 MISMATCH_SHARE, TOPK_KL = patches.MISMATCH_SHARE, patches.TOPK_KL
 NAMES = patches.NAMES
-ALIASES = {"periodic_reference": WORKER_HOOKS}  # an older name -> the name
+ALIASES = {"periodic_reference": WORKER_HOOKS}  # a former name -> the name
 WHAT = {i.name: i.what for i in patches.INSTALLS}
 
 __all__ = ["ALIASES", "ENV", "NAMES", "check", "export", "for_smoke", "install", "install_from_environ", "installed",

@@ -207,7 +207,7 @@ def pieces(name: str) -> dict[str, Callable]:
 
 def _what(point: Point, names: Iterable[str]) -> str:
     mine = [n for n in point.installs if n in set(names)]
-    return f"rpg's {' and '.join(BY_NAME[n].what for n in mine)} (RPG_INSTALL={','.join(mine)}; rpg/patches.py)"
+    return f"{' and '.join(BY_NAME[n].what for n in mine)} (RPG_INSTALL={','.join(mine)}; rpg/patches.py)"
 
 
 def _names(names: Iterable[str]) -> tuple[str, ...]:
