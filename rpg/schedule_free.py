@@ -274,7 +274,7 @@ def _saved_optimizer_is_schedule_free(path: str) -> Optional[bool]:
 
 def _resumed_actor_checkpoint(config: Any) -> Optional[str]:
     """The actor checkpoint folder verl's trainer will resume from (`rpg.preflight.resume_ckpt`), or None."""
-    from rpg.preflight.resume_ckpt import resume_target
+    from rpg.preflight.resume_ckpt import resume_target  # a floor above this module's: only the launcher's check
 
     folder = resume_target(config)
     return None if folder is None else os.path.join(folder, "actor")
