@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -237,6 +238,9 @@ def check(names: Iterable[str]) -> None:
                 raise RuntimeError(f"{what}: {point.where} already holds {current!r}, which is not rpg's")
         elif patch_of(current) is None:
             require_signature(current, point.params, what)
+            if inspect.iscoroutinefunction(current):  # the wrapper and its pieces are synchronous
+                raise RuntimeError(f"{what}: {point.where} is a coroutine function in the installed verl; rpg-verl "
+                                   f"supports verl{point.version}, where it is synchronous")
 
 
 def install(names: Iterable[str]) -> None:

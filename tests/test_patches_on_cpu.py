@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
+import sys
+import types
 
 import pytest
 
@@ -152,3 +154,19 @@ def test_periodic_reference_is_an_alias_of_worker_hooks():
     assert install.names("periodic_reference,worker_hooks") == (install.WORKER_HOOKS,)
     with pytest.raises(ValueError, match="periodic_reference"):  # the message lists the aliases too
         install.names("periodic")
+
+
+def test_a_coroutine_where_verl_had_a_function_is_refused(monkeypatch):
+    """The wrapper and its pieces are synchronous: an async verl object at a point is a guard failure."""
+
+    async def ppo_loss(config, model_output, data, dp_group=None):
+        return None
+
+    fake = types.ModuleType("rpg_test_fake_verl")
+    fake.ppo_loss = ppo_loss
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    point = patches.Point(fake.__name__, "", "ppo_loss", patches.PPO_LOSS, (install.REF_LOG_PROB,))
+    monkeypatch.setattr(patches, "POINTS", (point,))
+    with pytest.raises(RuntimeError, match="rpg_test_fake_verl.ppo_loss is a coroutine function"):
+        install.install([install.REF_LOG_PROB])
+    assert fake.ppo_loss is ppo_loss
