@@ -7,8 +7,9 @@ and the patch, instead of misbehaving later inside a worker:
     require_version("verl", SUPPORTED_VERL, what="the ref_log_prob adapter around verl's ppo_loss")
     require_signature(losses.ppo_loss, ("config", "model_output", "data", "dp_group"), what="...")
 
-The patches that use them: the `ppo_loss` adapter and the periodic-reference worker hooks (`rpg/reference/`), and
-the CPU-platform shims (`rpg/cpu/platform.py`). Registrations through verl's registries need no guard.
+The patches that use them: every row of the table of patch points (`rpg.patches`: each row names its verl version
+range and the parameters of what it wraps), the CPU-platform shims (`rpg/cpu/platform.py`) and the vLLM CPU patches
+(`rpg/cpu/vllm_compat.py`). Registrations through verl's registries need no signature guard.
 
 `SUPPORTED_VERL` is `>=0.9.1,<0.10`: the patches were written against verl 0.9.1 (the version `pyproject.toml`
 pins), and verl is a 0.x project whose minor releases move worker internals. Patch releases of 0.9 are accepted
@@ -18,7 +19,6 @@ and a new range here.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.metadata as metadata
 import inspect
@@ -27,7 +27,7 @@ from typing import Callable, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["SUPPORTED_VERL", "installed_version", "marked_wrapper", "require_signature", "require_version"]
+__all__ = ["SUPPORTED_VERL", "installed_version", "require_signature", "require_version"]
 
 SUPPORTED_VERL = ">=0.9.1,<0.10"
 
@@ -86,22 +86,3 @@ def require_signature(fn: Callable, params: tuple[str, ...], what: str) -> None:
             f"{installed_version(package) or '?'} has {_qualname(fn)}{actual}. rpg-verl supports verl{SUPPORTED_VERL} "
             f"with the packages it pins (requirements.txt)."
         )
-
-
-def marked_wrapper(mark: str) -> Callable[[Callable[[Callable], Callable]], Callable[[Callable], Callable]]:
-    """A decorator of wrapper factories (`make(orig) -> wrapper`) that makes them idempotent: a function that carries
-    the attribute `mark` is returned as is; a new wrapper keeps the original's metadata (`functools.wraps`: verl's
-    ``@register`` dispatch information) and carries `mark`. Each patch of verl has its own mark."""
-
-    def decorate(make: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
-        @functools.wraps(make)
-        def wrap(orig: Callable) -> Callable:
-            if getattr(orig, mark, False):
-                return orig
-            wrapper = functools.wraps(orig)(make(orig))
-            setattr(wrapper, mark, True)
-            return wrapper
-
-        return wrap
-
-    return decorate

@@ -1,15 +1,16 @@
 """The one place where rpg-verl changes verl for a run: what the environment variable `RPG_INSTALL` names.
 
 verl has no worker start-up hook, and the settings objects (`rpg.RPGPolicyLossConfig`) are plain values: building one
-changes nothing outside it. What a run needs from verl beyond the registered names is installed here, and only here:
+changes nothing outside it. What a run needs from verl beyond the registered names is installed here, and only here,
+through the table of patch points `rpg.patches` (which verl object each name hooks, under which version guard):
 
 ====================  ==========================================================  ==================================
 name in RPG_INSTALL   what is installed                                           selected by
 ====================  ==========================================================  ==================================
-``ref_log_prob``      the ref_log_prob adapter around verl's ``ppo_loss``          a reference mode whose row has
+``ref_log_prob``      the ref_log_prob adapter in verl's ``ppo_loss``              a reference mode whose row has
                       (`rpg.reference.adapter`)                                   ``reference_model``, or a loss that
                                                                                   reads ``ref_log_prob`` (``grpo_wk3``)
-``periodic_reference``  the worker hooks (periodic/EMA reference, adaptive β) on   a reference or KL-control mode whose
+``worker_hooks``      the worker hooks (periodic/EMA reference, adaptive β) on     a reference or KL-control mode whose
                       verl's ``ActorRolloutRefWorker`` (`rpg.reference.hooks`)     row has ``worker_state``
 ``schedule_free``     the trainer ``schedule_free_sync`` in verl's trainer         ``trainer.v1.trainer_mode=
                       registry (`rpg.schedule_free`)                              schedule_free_sync``
@@ -17,8 +18,11 @@ name in RPG_INSTALL   what is installed                                         
                       ``calculate_debug_metrics`` (`rpg.mismatch`)                 `for_smoke`)
 ``topk_kl``           the top-k KL's hook: support selection and per-token KL in  ``policy_loss.kl_estimator=topk``
                       verl's FSDP engine, its flags on ActorRolloutRefWorker, the
-                      terms published by ppo_loss (`rpg.topk_hook`)
+                      terms published in ppo_loss (`rpg.topk_hook`)
 ====================  ==========================================================  ==================================
+
+``periodic_reference``, the former name of ``worker_hooks`` (which installs the EMA reference's and the adaptive β's
+hooks too, not the periodic reference's alone), is accepted as an alias (`ALIASES`).
 
 Contract (other modules and branches rely on it):
 
@@ -33,13 +37,14 @@ Contract (other modules and branches rely on it):
   runtime environment (``ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL``), which verl's `run_ppo` passes to
   ``ray.init``. Every Ray process then starts with it, on every node, also in a ``RAY_ADDRESS`` job (Ray merges the
   job's and the driver's runtime environments). The dry run's printed config is the one before `export`.
-* `install(names)` installs names directly (tests, in-process tools). `require(settings)`, called by the RPG
-  losses, fails clearly when what their settings need is not installed in the process that runs them.
+* `install(names)` installs names directly (tests, in-process tools), `uninstall(names)` removes them (verl's own
+  objects back). `require(settings)`, called by the RPG losses, fails clearly when what their settings need is not
+  installed in the process that runs them.
 * Which names a reference or KL-control mode needs is its row's ``installs`` in the run-mode table
   (`rpg.modes`).
 
 A run started without the launcher (``python -m verl.trainer.main_ppo``) that selects one of these modes must name it
-itself: ``+ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL=ref_log_prob,periodic_reference`` (or
+itself: ``+ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL=ref_log_prob,worker_hooks`` (or
 ``export RPG_INSTALL=...`` for a local Ray cluster, whose processes inherit the shell's environment); without it the
 RPG loss stops at its first call with a message naming this fix (docs/reference-modes.md#installation), and verl
 refuses ``schedule_free_sync`` as an unknown trainer mode.
@@ -48,71 +53,56 @@ refuses ``schedule_free_sync`` as an unknown trainer mode.
 from __future__ import annotations
 
 import os
-from types import ModuleType
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
-from rpg import modes
+from rpg import modes, patches
+from rpg.loss_table import RPG_POLICY_LOSS_TARGETS
 
 ENV = "RPG_INSTALL"
-REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE = modes.REF_LOG_PROB, modes.WORKER_HOOKS, "schedule_free"
-MISMATCH_SHARE, TOPK_KL = "mismatch_share", "topk_kl"
-NAMES = (REF_LOG_PROB, PERIODIC_REFERENCE, SCHEDULE_FREE, MISMATCH_SHARE, TOPK_KL)
-MODULES = {REF_LOG_PROB: "rpg.reference.adapter", PERIODIC_REFERENCE: "rpg.reference.hooks",
-           SCHEDULE_FREE: "rpg.schedule_free", MISMATCH_SHARE: "rpg.mismatch", TOPK_KL: "rpg.topk_hook"}  # fmt: skip
-WHAT = {REF_LOG_PROB: "the ref_log_prob adapter around verl's ppo_loss",
-        PERIODIC_REFERENCE: "the periodic/EMA-reference and adaptive-β hooks on verl's ActorRolloutRefWorker",
-        TOPK_KL: "the top-k KL hook on verl's FSDP engine, ActorRolloutRefWorker and ppo_loss"}  # fmt: skip
+REF_LOG_PROB, WORKER_HOOKS, SCHEDULE_FREE = patches.REF_LOG_PROB, patches.WORKER_HOOKS, patches.SCHEDULE_FREE
+MISMATCH_SHARE, TOPK_KL = patches.MISMATCH_SHARE, patches.TOPK_KL
+NAMES = patches.NAMES
+ALIASES = {"periodic_reference": WORKER_HOOKS}  # a former name -> the name
+WHAT = {i.name: i.what for i in patches.INSTALLS}
 
-__all__ = ["ENV", "NAMES", "check", "export", "for_smoke", "install", "install_from_environ", "installed", "names",
-           "needed", "require", "selected"]  # fmt: skip
-
-
-def _module(name: str) -> ModuleType:
-    """The module that implements `name`: it has `check()`, `install()` and `installed()`."""
-    import importlib
-
-    return importlib.import_module(MODULES[name])
+__all__ = ["ALIASES", "ENV", "NAMES", "check", "export", "for_smoke", "install", "install_from_environ", "installed",
+           "names", "needed", "require", "selected", "uninstall"]
 
 
 def names(value: str) -> tuple[str, ...]:
-    """The names listed in an `RPG_INSTALL` value, in the order of `NAMES`; ValueError for an unknown one."""
-    given = {n.strip() for n in value.split(",") if n.strip()}
+    """The names listed in an `RPG_INSTALL` value (aliases resolved), in the order of `NAMES`; ValueError for an
+    unknown one."""
+    given = {ALIASES.get(n.strip(), n.strip()) for n in value.split(",") if n.strip()}
     unknown = sorted(given - set(NAMES))
     if unknown:
-        raise ValueError(f"{ENV}={value!r}: unknown {unknown}; valid names (comma-separated): {list(NAMES)}")
+        raise ValueError(f"{ENV}={value!r}: unknown {unknown}; valid names (comma-separated): {list(NAMES)} "
+                         f"(aliases: {ALIASES})")
     return tuple(n for n in NAMES if n in given)
 
 
 def check(selection: Iterable[str]) -> None:
     """The guards of what `install(selection)` would patch (RuntimeError naming verl's version or signature)."""
-    for name in selection:
-        _module(name).check()
+    patches.check(names(",".join(selection)))
 
 
 def install(selection: Iterable[str]) -> None:
     """Install `selection` (idempotent); every guard runs first, so nothing is patched if one fails."""
-    selection = names(",".join(selection))
-    check(selection)
-    for name in selection:
-        _module(name).install()
+    patches.install(names(",".join(selection)))
+
+
+def uninstall(selection: Optional[Iterable[str]] = None) -> None:
+    """Remove `selection` (None: everything installed); verl's own objects are back where nothing else is installed."""
+    patches.uninstall(None if selection is None else names(",".join(selection)))
 
 
 def installed(name: str) -> bool:
-    """Whether `name` is installed in this process (imports nothing)."""
-    import sys
-
-    module = MODULES[name]
-    return module in sys.modules and sys.modules[module].installed()
+    """Whether `name` (or its alias) is installed in this process (imports nothing)."""
+    return patches.installed(ALIASES.get(name, name))
 
 
 def install_from_environ(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """Install exactly what `RPG_INSTALL` names (nothing when unset); return the names. Run by `rpg.verl_plugin`.
-
-    A name whose module is still executing in this process is left out: that module's own import started `import
-    verl` (a Ray worker of a schedule-free run imports `rpg.schedule_free` first, to unpickle its worker class), so
-    it has no `install` yet. Such a worker needs only the other names; the TaskRunner, which needs the trainer,
-    imports verl first."""
-    selection = tuple(n for n in names(environ.get(ENV, "")) if hasattr(_module(n), "install"))
+    """Install exactly what `RPG_INSTALL` names (nothing when unset); return the names. Run by `rpg.verl_plugin`."""
+    selection = names(environ.get(ENV, ""))
     install(selection)
     return selection
 
@@ -122,8 +112,6 @@ def selected(config: Any, settings: Any = None) -> tuple[str, ...]:
     ``actor.policy_loss`` the caller built from `config` (the launcher's); None: built here (validating it) if the
     policy loss has the RPG `_target_`."""
     from omegaconf import OmegaConf
-
-    from rpg.loss_table import RPG_POLICY_LOSS_TARGETS
 
     chosen = set()
     policy_loss = OmegaConf.select(config, "actor_rollout_ref.actor.policy_loss")

@@ -66,7 +66,7 @@ from rpg.preflight.compose import (  # noqa: F401,E402  (public names of rpg.lau
     finish,
     normalise_overrides,
 )
-from rpg.preflight.gpu import check_gpu_launch  # noqa: E402
+from rpg.preflight.gpu import check_gpu_launch, is_gpu_run  # noqa: E402
 from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401,E402
 from rpg.preflight.prompts import prompt_length_problems  # noqa: E402
 from rpg.preflight.resume_ckpt import problem as resume_problem  # noqa: E402
@@ -81,7 +81,7 @@ from rpg.preflight.recipe_rules import (  # noqa: F401,E402
 from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_registered, is_rpg_loss, validate_rpg  # noqa: F401,E402
 from rpg.preflight.summary import launch_refusals, summary_lines  # noqa: E402
 from rpg.preflight.wandb_check import check_wandb  # noqa: E402
-from rpg.ray_start import retried_ray_start  # noqa: E402
+from rpg import ray_start  # noqa: E402
 from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # noqa: F401,E402
 
 DRY_RUN_ENV = "RPG_DRY_RUN"
@@ -245,7 +245,7 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     if shared_ckpt.needs_check(config):  # several nodes that save: CKPTS_DIR shared, checked once Ray is up
         runner = shared_ckpt.CheckedTaskRunner(runner, config)
     try:
-        with retried_ray_start():  # Ray's fixed 30 s raylet start on a busy machine (rpg/ray_start.py)
+        with ray_start.for_run(cpu=not is_gpu_run(config)):  # a CPU run's patient Ray start (rpg/ray_start.py)
             run_ppo(config, task_runner_class=runner)
     except Exception as e:  # noqa: BLE001 -- only the run-stopping conditions we name are turned into messages
         stop = stop_message(e)

@@ -18,8 +18,8 @@ In bypass mode π_old *is* vLLM's, so none of those is logged; the loss logs the
 
 The share of tokens with |Δ log p| > `LOGP_THRESHOLD` (log 2: a token whose probability ratio leaves [1/2, 2], verl's
 default TIS threshold) is the one figure verl does not log. `token_share_over` computes it from the two log-prob
-tensors, and `with_share` wraps verl's `calculate_debug_metrics` (the one place in the trainer where both exist) to
-add `SHARE_KEY`; `install()` (with `check()` and `installed()`, `rpg.install`'s contract) puts it into verl's trainer:
+tensors, and `with_share`, this module's piece (`PIECES`) of verl's `calculate_debug_metrics` (the one place in the
+trainer where both exist), adds `SHARE_KEY`: the table of patch points (`rpg.patches`) hooks it for
 `RPG_INSTALL=mismatch_share`, which every smoke run (`SMOKE=1`) selects (`rpg.install.for_smoke`). The report shows
 the share when a run logged it, else says it was not measured.
 
@@ -66,55 +66,19 @@ def token_share_over(trainer_logp, rollout_logp, mask, threshold: float = LOGP_T
     return float(over.sum()) / n
 
 
-def with_share(calculate_debug_metrics):
-    """verl's `calculate_debug_metrics(data)` plus `SHARE_KEY`, from the same tensors it reads (`old_log_probs`,
-    `rollout_log_probs`, the response mask)."""
-
-    def wrapped(data: Any) -> dict:
-        metrics = calculate_debug_metrics(data)
-        batch = data.batch
-        logp, rollout = batch["old_log_probs"], batch["rollout_log_probs"]
-        mask = batch["response_mask"] if "response_mask" in batch.keys() else batch["attention_mask"]
-        metrics[SHARE_KEY] = token_share_over(logp, rollout, mask[:, -logp.shape[-1]:])
-        return metrics
-
-    wrapped.__wrapped__ = calculate_debug_metrics
-    return wrapped
+def with_share(call, data: Any) -> dict:
+    """The piece of verl's `calculate_debug_metrics(data)` (`rpg.patches`): its metrics plus `SHARE_KEY`, from the
+    same tensors it reads (`old_log_probs`, `rollout_log_probs`, the response mask)."""
+    metrics = call(data)
+    batch = data.batch
+    logp, rollout = batch["old_log_probs"], batch["rollout_log_probs"]
+    mask = batch["response_mask"] if "response_mask" in batch.keys() else batch["attention_mask"]
+    metrics[SHARE_KEY] = token_share_over(logp, rollout, mask[:, -logp.shape[-1]:])
+    return metrics
 
 
-TRAINER_MODULE = "verl.trainer.ppo.v1.trainer_base"  # where verl 0.9.1's trainer calls calculate_debug_metrics
-WHAT = "rpg's token share over |Δ log p| > log 2 in verl's calculate_debug_metrics (rpg/mismatch.py)"
-MARK = "__rpg_rollout_logp_share__"
-
-
-def check() -> None:
-    """The guard of `install` (the `rpg.install` contract): verl's version and the function it wraps."""
-    import importlib
-
-    from rpg.compat import SUPPORTED_VERL, require_signature, require_version
-
-    require_version("verl", SUPPORTED_VERL, WHAT)
-    require_signature(importlib.import_module(TRAINER_MODULE).calculate_debug_metrics, ("data",), WHAT)
-
-
-def install() -> None:
-    """Make verl's trainer log `SHARE_KEY` with its own mismatch metrics (idempotent): `RPG_INSTALL=mismatch_share`,
-    selected by a smoke run (`rpg.install.for_smoke`)."""
-    import importlib
-
-    check()
-    module = importlib.import_module(TRAINER_MODULE)
-    if not installed():
-        wrapped = with_share(module.calculate_debug_metrics)
-        setattr(wrapped, MARK, True)
-        module.calculate_debug_metrics = wrapped
-
-
-def installed() -> bool:
-    import sys
-
-    module = sys.modules.get(TRAINER_MODULE)
-    return module is not None and getattr(module.calculate_debug_metrics, MARK, False)
+#: the pieces of `rpg.patches` for ``RPG_INSTALL=mismatch_share`` (attribute -> piece)
+PIECES = {"calculate_debug_metrics": with_share}
 
 
 def _steps(rows: Mapping[int, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -146,8 +110,8 @@ def summary(rows: Mapping[int, Mapping[str, Any]]) -> tuple[str, list[str]]:
         if got := _values(steps, key):
             parts.append(f"{label} {max(got):.2e}")
     share = _values(steps, SHARE_KEY)
-    parts.append(f"tokens with |Δ log p| > log 2: {max(share):.3%}" if share else
-                 "tokens with |Δ log p| > log 2: not measured (not logged by this run)")  # fmt: skip
+    measured = f"{max(share):.3%}" if share else "not measured (not logged by this run)"
+    parts.append(f"tokens with |Δ log p| > log 2: {measured}")
     std_key = _bypass_is_key(steps, "std")
     if std_key and not mean:  # bypass mode: π_old is vLLM's, the loss logs the importance weights
         std = _values(steps, std_key)
@@ -171,8 +135,10 @@ def report_lines(rows: Mapping[int, Mapping[str, Any]]) -> str:
         return ("[rpg smoke] rollout/trainer mismatch: not measured (set actor_rollout_ref.rollout.calculate_log_probs="
                 "True, verl's default, to log it)\n")
     verdict = "OK" if not exceeded else "LARGE: " + "; ".join(exceeded)
-    lines = [f"[rpg smoke] rollout/trainer mismatch: {figures}",
-             f"  verdict: {verdict} (heuristic thresholds, rpg/mismatch.py)"]  # fmt: skip
+    lines = [
+        f"[rpg smoke] rollout/trainer mismatch: {figures}",
+        f"  verdict: {verdict} (heuristic thresholds, rpg/mismatch.py)",
+    ]
     if exceeded:
         lines.append("  " + ADVICE)
     return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 # the names of `rpg.install` (RPG_INSTALL) a mode may need: defined here so that this table imports nothing
-REF_LOG_PROB, WORKER_HOOKS = "ref_log_prob", "periodic_reference"
+REF_LOG_PROB, WORKER_HOOKS = "ref_log_prob", "worker_hooks"
 POLICY_LOSS = "actor_rollout_ref.actor.policy_loss."
 #: what every mode with a reference model needs from verl: its reference worker, and no KL of verl's own
 REFERENCE_MODEL_SETTINGS = ("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0")

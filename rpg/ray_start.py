@@ -1,4 +1,5 @@
-"""Ray's local start on a loaded machine: a longer wait for the raylet, then a restart if even that is missed.
+"""Ray's local start on a loaded machine (a CPU run: the CPU profile and the tests): a longer wait for the raylet,
+then a restart if even that is missed. A GPU launch runs Ray's own `ray.init`, untouched (`for_run`).
 
 `ray.init()` without an address (and `ray start`) starts a local node and waits a hard-coded 30 s for its raylet to
 register with the GCS (ray/_private/node.py: `raylet_start_wait_time_s = 30`), polling
@@ -10,9 +11,13 @@ waited 43 s on the GCS ("RPC error: Deadline Exceeded"). Two remedies, both only
   have passed since the first one, so Ray's own 30 s check sees a failure only after that (Ray's loop and message are
   unchanged; only the wait grows). Applied when `ray._private.services.get_node` exists (Ray 2.60, pinned by verl's
   environment); without it, nothing is patched.
-* `retried_ray_start()` wraps `ray.init` for the launcher's call of verl's `run_ppo`: inside it the wait is patient,
-  and a start that still times out is shut down and tried again (RAY_START_TRIES in all), saying so; any other error
-  is raised as it is.
+* `retried_ray_start()` wraps `ray.init` for the launcher's call of verl's `run_ppo` in a CPU run (`for_run`): inside
+  it the wait is patient, and a start that still times out is shut down and tried again (RAY_START_TRIES in all),
+  saying so; any other error is raised as it is.
+
+Both patch Ray's objects (a private one among them) for the duration of a block only, and only where the machine is
+known to be shared and slow: a CPU run, whose cores the trainer's own processes and the tests share. A GPU node starts
+its raylet in seconds; there Ray's own wait and message stand.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 RAY_START_TRIES = 3
 RAY_START_WAIT_S = 150.0  # the raylet's registration wait, against Ray's fixed 30 s
@@ -28,8 +33,12 @@ TIMED_OUT = "timed out during startup"  # Ray's message when the raylet misses i
 
 
 @contextlib.contextmanager
-def patient_node_start(services=None, wait_s: float = RAY_START_WAIT_S, clock=time.monotonic,
-                       sleep=time.sleep) -> Iterator[bool]:  # fmt: skip
+def patient_node_start(
+    services: Any = None,
+    wait_s: float = RAY_START_WAIT_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[bool]:
     """Within the block, `services.get_node` (default: `ray._private.services`) retries a RuntimeError until `wait_s`
     seconds after its first call in the block; yields whether anything was patched."""
     if services is None:
@@ -61,8 +70,16 @@ def patient_node_start(services=None, wait_s: float = RAY_START_WAIT_S, clock=ti
         services.get_node = original
 
 
+def _retry_message(wait_s: float, attempt: int, tries: int) -> str:
+    return (f"[rpg] Ray's local start timed out (its raylet did not register in {wait_s:.0f} s; the machine is busy); "
+            f"starting it again ({attempt} of {tries})")
+
+
 @contextlib.contextmanager
-def retried_ray_start(ray_module=None, tries: int = RAY_START_TRIES, wait_s: float = RAY_START_WAIT_S) -> Iterator[None]:
+def retried_ray_start(
+    ray_module: Any = None, tries: int = RAY_START_TRIES, wait_s: float = RAY_START_WAIT_S
+) -> Iterator[None]:
+    """Within the block, `ray_module.init` (default: `ray`) starts patiently and retries a start that timed out."""
     if ray_module is None:
         import ray as ray_module
     original = ray_module.init
@@ -76,8 +93,7 @@ def retried_ray_start(ray_module=None, tries: int = RAY_START_TRIES, wait_s: flo
             except Exception as e:  # noqa: BLE001 -- Ray raises a bare Exception for this one
                 if TIMED_OUT not in str(e) or attempt == tries:
                     raise
-                print(f"[rpg] Ray's local start timed out (its raylet did not register in {wait_s:.0f} s; the "
-                      f"machine is busy); starting it again ({attempt + 1} of {tries})", file=sys.stderr)  # fmt: skip
+                print(_retry_message(wait_s, attempt + 1, tries), file=sys.stderr)
                 ray_module.shutdown()
 
     ray_module.init = init
@@ -85,3 +101,9 @@ def retried_ray_start(ray_module=None, tries: int = RAY_START_TRIES, wait_s: flo
         yield
     finally:
         ray_module.init = original
+
+
+def for_run(cpu: bool) -> ContextManager:
+    """The Ray start of the launcher's `run_ppo`: `retried_ray_start()` for a CPU run (``trainer.device=cpu``, the CPU
+    profile), else nothing: a GPU launch calls Ray's own `ray.init` and polls Ray's own `get_node`."""
+    return retried_ray_start() if cpu else contextlib.nullcontext()

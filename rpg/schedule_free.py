@@ -42,8 +42,9 @@ Why these adapters: verl 0.9.1 already builds any optimizer class from Hydra (``
 ``optim.optimizer``, ``verl.workers.config.optimizer.build_optimizer``), so the optimizer itself needs no code; it
 has no notion of parameter sets, so the two moments above need hooks. The worker is an `ActorRolloutRefWorker`
 subclass (one new remote method, `set_schedule_free_weights`, plus `init_model`/`save_checkpoint`/`load_checkpoint`
-extended); the trainer is a registered `PPOTrainerSync` subclass that uses verl's own validation hooks and swaps the
-worker class in ``_init_resource_pool_mgr``. No verl file or function is patched.
+extended; `rpg.schedule_free_worker`); the trainer is a registered `PPOTrainerSync` subclass that uses verl's own
+validation hooks and swaps the worker class in ``_init_resource_pool_mgr`` (`rpg.schedule_free_trainer`). No verl file
+or function is patched.
 
 Selecting it (the group ``optim=schedulefree``, rpg/config/optim/schedulefree.yaml, does this; the optimizer gets verl's ``lr``, ``weight_decay`` and
 ``betas``, warm-up stays verl's LambdaLR as in the authors' scripts, AdamWScheduleFree's own ``warmup_steps`` keeps
@@ -53,9 +54,13 @@ its default 0)::
     actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree
     trainer.v1.trainer_mode=schedule_free_sync
 
-Importing this module changes nothing in verl: the trainer is registered by `install()`, which `rpg.install` (the one
-installation point) runs in every process whose ``RPG_INSTALL`` names ``schedule_free``; the launcher sets that for a
-run with ``trainer.v1.trainer_mode=schedule_free_sync``. A run started with ``python -m verl.trainer.main_ppo`` adds
+This module is the light part (no verl import): the parameter sets (`ScheduleFreeIterates`), the launcher's checks
+(`check_config`, `check_resume`) and the piece of the trainer registry (`PIECES`). The verl subclasses live in
+`rpg.schedule_free_worker` and `rpg.schedule_free_trainer`, apart from each other: a Ray worker imports the worker
+module first (to unpickle its class), whose ``import verl`` installs this run's names, the trainer's registration
+included; so the trainer module must not import the worker module at its top. Importing any of them changes nothing
+in verl: the table of patch points (`rpg.patches`) registers the trainer in every process whose ``RPG_INSTALL`` names
+``schedule_free``; the launcher sets that for a run with ``trainer.v1.trainer_mode=schedule_free_sync``. A run started with ``python -m verl.trainer.main_ppo`` adds
 ``+ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL=schedule_free`` (verl otherwise refuses the unknown trainer
 mode). `check_config` validates that combination (launcher dry runs call it) and refuses to resume a checkpoint that holds
 the other optimizer's state (`check_resume`). Supported: the v1 synchronous trainer with the FSDP/FSDP2 engine; async
@@ -72,19 +77,14 @@ import zipfile
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-import ray
 import torch
-from verl.single_controller.base.decorator import Dispatch, register
-from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
-from verl.workers.engine_workers import ActorRolloutRefWorker
 
 __all__ = [
     "TRAINER_MODE",
     "ITERATE",
     "AVERAGE",
+    "PIECES",
     "ScheduleFreeIterates",
-    "ScheduleFreeActorRolloutRefWorker",
-    "ScheduleFreeSyncTrainer",
     "is_schedule_free",
     "optimizer_class",
     "check_config",
@@ -203,122 +203,15 @@ class ScheduleFreeIterates:
         self._saved_iterate = None
         self.use_iterate()
 
+def trainer_class() -> type:
+    """The piece of verl's trainer registry (`rpg.patches`): the class registered as `TRAINER_MODE`."""
+    from rpg.schedule_free_trainer import ScheduleFreeSyncTrainer  # imports verl's trainer: only when installed
 
-class ScheduleFreeActorRolloutRefWorker(ActorRolloutRefWorker):
-    """verl's `ActorRolloutRefWorker`, with the actor's schedule-free parameter sets managed (module docstring).
-
-    With a non-schedule-free optimizer every addition is a no-op, so the class is safe for any actor.
-    """
-
-    _schedule_free: Optional[ScheduleFreeIterates] = None
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self):
-        super().init_model()
-        optimizer = getattr(getattr(self.actor, "engine", None), "optimizer", None) if self.actor else None
-        if is_schedule_free(optimizer):
-            self._schedule_free = ScheduleFreeIterates(optimizer)
-            self._schedule_free.use_iterate()  # schedulefree starts in eval mode; before any step this only sets flags
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def set_schedule_free_weights(self, weights: str) -> bool:
-        """Load the actor's `ITERATE` (y) or `AVERAGE` (x) parameters. Returns True if they changed (then the rollout
-        servers need `update_weights`). False without a schedule-free optimizer."""
-        if weights not in WEIGHT_SETS:
-            raise ValueError(f"schedule-free weights must be one of {list(WEIGHT_SETS)}, got {weights!r}")
-        if self._schedule_free is None:
-            return False
-        return self._schedule_free.use(weights)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        """Training state at y (exact resume); the ``huggingface/`` export, if configured, at x."""
-        sf = self._schedule_free
-        if sf is None:
-            return super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-        if sf.current != ITERATE:
-            raise RuntimeError("save_checkpoint called while the schedule-free average x is loaded; expected y")
-        manager = self.actor.engine.checkpoint_manager
-        contents = list(manager.checkpoint_save_contents)
-        try:
-            manager.checkpoint_save_contents = [c for c in contents if c != "hf_model"]
-            super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-            if "hf_model" in contents:
-                manager.checkpoint_save_contents = ["hf_model"]
-                registered = list(manager.previous_saved_paths)
-                with sf.average():
-                    # max_ckpt_to_keep=None: this second pass must not rotate (it would delete local_path)
-                    self.actor.save_checkpoint(local_path, None, global_step, None)
-                manager.previous_saved_paths = registered  # the folder was registered once, by the first pass
-                if self.rank == 0:
-                    print(f"[rpg.schedule_free] HF export of the average x at step {global_step}: "
-                          f"{os.path.join(local_path, 'huggingface')} (training state at y)", flush=True)
-        finally:
-            manager.checkpoint_save_contents = contents
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
-        if self._schedule_free is not None:
-            self._schedule_free.after_load()
+    return ScheduleFreeSyncTrainer
 
 
-class ScheduleFreeSyncTrainer(PPOTrainerSync):
-    """verl's synchronous v1 trainer; validation samples with the schedule-free average x (module docstring)."""
-
-    @property
-    def trainer_mode(self) -> str:
-        # verl's base class branches on `self.trainer_mode == "sync"` (replay buffer, TransferQueue checkpointing);
-        # this trainer *is* the sync trainer, registered under another name.
-        return "sync"
-
-    @trainer_mode.setter
-    def trainer_mode(self, value: str) -> None:  # PPOTrainer.__init__ assigns the registry name; keep "sync"
-        pass
-
-    def _init_resource_pool_mgr(self):
-        super()._init_resource_pool_mgr()
-        for role, cls in list(self.role_worker_mapping.items()):
-            if _remote_class(cls) is ActorRolloutRefWorker:
-                self.role_worker_mapping[role] = ray.remote(ScheduleFreeActorRolloutRefWorker)
-
-    def _use_weights(self, weights: str) -> None:
-        if any(self.actor_rollout_wg.set_schedule_free_weights(weights)):
-            self.checkpoint_manager.sleep_replicas()
-            self.checkpoint_manager.update_weights(self.global_steps)
-
-    def on_validate_begin(self):
-        super().on_validate_begin()
-        self._use_weights(AVERAGE)
-
-    def on_validate_end(self):
-        self._use_weights(ITERATE)
-        super().on_validate_end()
-
-
-def installed() -> bool:
-    """True when verl's trainer registry maps ``schedule_free_sync`` to `ScheduleFreeSyncTrainer`."""
-    from verl.trainer.ppo.v1 import get_trainer_cls
-
-    try:
-        return get_trainer_cls(TRAINER_MODE) is ScheduleFreeSyncTrainer
-    except (KeyError, ValueError):
-        return False
-
-
-def check() -> None:
-    """Nothing to guard: registering a trainer class uses verl's own registry (`rpg.install`'s contract)."""
-
-
-def install() -> None:
-    """Register `ScheduleFreeSyncTrainer` as ``trainer.v1.trainer_mode=schedule_free_sync`` (idempotent). Run by
-    `rpg.install` in every process whose ``RPG_INSTALL`` names ``schedule_free``."""
-    register_trainer(TRAINER_MODE)(ScheduleFreeSyncTrainer)
-
-
-def _remote_class(actor_cls: Any) -> Any:
-    """The user class behind ``ray.remote(cls)``."""
-    return getattr(actor_cls, "__ray_actor_class__", None)
+#: the pieces of `rpg.patches` for ``RPG_INSTALL=schedule_free`` (registry key -> its value's maker)
+PIECES = {TRAINER_MODE: trainer_class}
 
 
 def optimizer_class(optim_config: Any) -> type:
@@ -381,7 +274,7 @@ def _saved_optimizer_is_schedule_free(path: str) -> Optional[bool]:
 
 def _resumed_actor_checkpoint(config: Any) -> Optional[str]:
     """The actor checkpoint folder verl's trainer will resume from (`rpg.preflight.resume_ckpt`), or None."""
-    from rpg.preflight.resume_ckpt import resume_target
+    from rpg.preflight.resume_ckpt import resume_target  # a floor above this module's: only the launcher's check
 
     folder = resume_target(config)
     return None if folder is None else os.path.join(folder, "actor")

@@ -3,21 +3,24 @@ log-prob pass that already computes the reference's log-probs, carried in the ba
 analytic KL computed there from the current logits.
 
 verl 0.9.1 has a logits hook only for distillation (`distillation_use_topk`, switched on by its trainer for
-distillation alone) and no way to return (tokens, k) values from a log-prob pass, so `install()` wraps, after the
-version and signature guards (`rpg.compat`):
+distillation alone) and no way to return (tokens, k) values from a log-prob pass, so this module's pieces (`PIECES`)
+run in these verl objects, hooked by the table of patch points (`rpg.patches`, with its version and signature guards)
+for ``RPG_INSTALL=topk_kl``:
 
 * ``FSDPEngineWithLMHead.prepare_model_outputs`` (workers/engine/fsdp/transformer_impl.py): when the micro-batch
   carries `SELECT` (k), the k most probable ids of the temperature-scaled logits and their log-probs
   (`rpg.topk_kl.select_support`), as nested (sequence, position, k) int32/fp32 outputs `IDS`, `LOG_PROBS` next to verl's
   ``log_probs`` (so they reach the batch like them: the TransferQueue of the v1 trainer, every data-parallel rank's
-  share); when it carries `TRAIN` (direction, tail), the per-token `rpg.topk_kl.topk_kl` of the current logits at the
-  batch's support (`KL`, with gradient), 1[y ∈ S] (`IN_SUPPORT`) and the support's moments of the KL share
-  (`SHARE`, `rpg.topk_kl.share_moments`), per-token scalars like verl's log-probs;
+  share); when it carries `TRAIN` (a `TopKUpdate`: direction and tail as typed fields), the per-token
+  `rpg.topk_kl.topk_kl` of the current logits at the batch's support (`KL`, with gradient), 1[y ∈ S] (`IN_SUPPORT`)
+  and the support's moments of the KL share (`SHARE`, `rpg.topk_kl.share_moments`), per-token scalars like verl's
+  log-probs;
 * ``ActorRolloutRefWorker.compute_log_prob`` / ``compute_ref_log_prob`` / ``update_actor``: they set `SELECT` in the
   pass of the KL's reference (π_old's for the iterative reference, π_ref's for frozen/periodic/EMA and for
-  ``grpo_wk3``: the settings' ``needs_ref_log_prob``) and `TRAIN` in the update, from the worker's own policy-loss settings; a pass-through otherwise;
+  ``grpo_wk3``: the settings' ``needs_ref_log_prob``) and `TRAIN` in the update, from the worker's own policy-loss
+  settings; a pass-through otherwise;
 * verl's ``ppo_loss`` (both bindings, as `rpg.reference.adapter`): pads `KL`/`IN_SUPPORT` to the response layout and
-  publishes them for the RPG loss of the call (`current`).
+  puts them in the call's micro-batch record (`rpg.reference.micro_batch`) for the RPG loss of the call (`current`).
 
 Rows are aligned by construction: the support of packed row t is the distribution of the token after position t, the
 row of verl's own ``log_probs``; the nested layout keeps it through any re-packing of the micro-batches. Both padding
@@ -29,27 +32,30 @@ temperature is not 1 (verl scales out of place too).
 
 from __future__ import annotations
 
-import contextvars
-import sys
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
-from rpg.compat import SUPPORTED_VERL, marked_wrapper, require_signature, require_version
+from rpg import topk_kl
+from rpg.reference.micro_batch import current as current_micro_batch
 
-__all__ = ["TopKTerms", "check", "current", "install", "installed", "request_for"]
+__all__ = ["PIECES", "TopKTerms", "TopKUpdate", "current", "request_for"]
 
 Tensor = torch.Tensor
 
-SELECT, TRAIN = "rpg_topk_select", "rpg_topk_train"  # non-tensor keys of the batch: k; "direction,tail"
+SELECT, TRAIN = "rpg_topk_select", "rpg_topk_train"  # non-tensor keys of the batch: k (int); a TopKUpdate
 IDS, LOG_PROBS = "rpg_topk_ids", "rpg_topk_log_probs"  # batch fields: the support, nested (seq, pos, k)
 KL, IN_SUPPORT = "rpg_topk_kl", "rpg_topk_in_support"  # model outputs of the update, per token
 SHARE = tuple(f"rpg_topk_share_{name}" for name in ("sum_a", "sum_aa", "sum_ap", "sum_pp", "sum_sq"))  # float64
-ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
-WORKERS_MODULE = "verl.workers.engine_workers"
-LOSSES_MODULE = "verl.workers.utils.losses"
-WHAT = "rpg's top-k KL hook on verl's FSDP engine, ActorRolloutRefWorker and ppo_loss (rpg/topk_hook.py)"
-MARK = "__rpg_topk_hook__"
+
+
+@dataclass(frozen=True)
+class TopKUpdate:
+    """What the update asks of the engine (`TRAIN`): the KL's direction and tail (`rpg.topk_kl.topk_kl`)."""
+
+    direction: str  # "reverse" (rkl/urkl) or "forward" (fkl/ufkl)
+    tail: str  # policy_loss.kl_topk_tail
 
 
 class TopKTerms(NamedTuple):
@@ -60,24 +66,22 @@ class TopKTerms(NamedTuple):
     moments: Any = None  # rpg.topk_kl.ShareMoments of the KL share (detached), or None
 
 
-_CURRENT: contextvars.ContextVar[Optional[TopKTerms]] = contextvars.ContextVar("rpg_topk_terms", default=None)
-
-
 def current() -> Optional[TopKTerms]:
     """The top-k terms of the micro-batch currently inside verl's ``ppo_loss`` (None outside it or without them)."""
-    return _CURRENT.get()
+    record = current_micro_batch()
+    return None if record is None else record.topk
 
 
 # ---- which pass does what (from the worker's settings) ---------------------------------------------------------------
 def request_for(settings: Any, method: str) -> Optional[tuple[str, Any]]:
     """The (key, value) `method` of the worker sets in its batch for `settings` (an RPGPolicyLossConfig), or None:
-    `SELECT` = k in the reference's log-prob pass, `TRAIN` = "direction,tail" in the update."""
+    `SELECT` = k in the reference's log-prob pass, `TRAIN` = a `TopKUpdate` in the update."""
     if not getattr(settings, "topk", False):
         return None
     reference_model = settings.needs_ref_log_prob  # the KL's reference is π_ref (frozen/periodic/EMA, grpo_wk3)
     if method == "update_actor":
         direction = "reverse" if settings.spec.divergence.reverse else "forward"
-        return TRAIN, f"{direction},{settings.kl_topk_tail}"
+        return TRAIN, TopKUpdate(direction, settings.kl_topk_tail)
     if (method == "compute_ref_log_prob") == reference_model:
         return SELECT, int(settings.kl_topk)
     return None
@@ -91,7 +95,7 @@ def _settings(worker: Any) -> Any:
     actor = worker.config.get("actor", None) if hasattr(worker.config, "get") else None
     policy_loss = None if actor is None else actor.get("policy_loss", None)
     if policy_loss is not None and policy_loss.get("kl_estimator", "sampled") != "sampled":
-        from rpg.loss_config import rpg_settings
+        from rpg.loss_config import rpg_settings  # imports verl: not while verl loads this module (rpg.patches)
 
         settings = rpg_settings(actor)
     worker.__dict__["_rpg_topk_settings"] = settings
@@ -111,21 +115,17 @@ def _mark(data: Any, key: str, value: Any) -> None:
         tu.assign_non_tensor(data, **{key: value})
 
 
-_hooked = marked_wrapper(MARK)  # idempotent, keeps verl's ``@register`` metadata, carries MARK
+def _requesting(method: str) -> Callable:
+    """The piece of the worker's `method`: the batch carries what `request_for` says, then verl's method runs."""
 
+    def piece(call: Callable, self, data, *args, **kwargs):
+        request = request_for(_settings(self), method)
+        if request is not None:
+            _mark(data, *request)
+        return call(self, data, *args, **kwargs)
 
-def _worker_method(name: str) -> Callable[[Callable], Callable]:
-    @_hooked
-    def make(orig: Callable) -> Callable:
-        def method(self, data, *args, **kwargs):
-            request = request_for(_settings(self), name)
-            if request is not None:
-                _mark(data, *request)
-            return orig(self, data, *args, **kwargs)
-
-        return method
-
-    return make
+    piece.__name__ = piece.__qualname__ = method
+    return piece
 
 
 # ---- the engine: selection and the per-token KL ----------------------------------------------------------------------
@@ -147,8 +147,8 @@ def packed_logits(output: Any, output_args: dict, micro_batch: Any) -> tuple[Ten
         logits = output.logits.squeeze(0)
         if isinstance(logits, DTensor):
             logits = logits.full_tensor()
-        logits = _scale_logits_by_temperature(logits, output_args["temperature_rmpad"].unsqueeze(-1),
-                                              is_unit_temperature=unit)  # fmt: skip
+        temperature = output_args["temperature_rmpad"].unsqueeze(-1)
+        logits = _scale_logits_by_temperature(logits, temperature, is_unit_temperature=unit)
         labels, pad = output_args["input_ids_rmpad_rolled"], int(output_args.get("pad_size", 0) or 0)
         if pad:
             logits, labels = logits[:-pad], labels[:-pad]
@@ -167,8 +167,6 @@ def _nested(values: Tensor, micro_batch: Any) -> Tensor:
 
 def topk_outputs(output: Any, output_args: dict, micro_batch: Any) -> dict[str, Tensor]:
     """The hook's model outputs for a micro-batch (empty when it carries neither `SELECT` nor `TRAIN`)."""
-    from rpg import topk_kl
-
     k, train = _get(micro_batch, SELECT, None), _get(micro_batch, TRAIN, None)
     if not k and not train:
         return {}
@@ -185,92 +183,44 @@ def topk_outputs(output: Any, output_args: dict, micro_batch: Any) -> dict[str, 
                 "reference did not select it (is rpg's topk_kl hook installed in every worker? RPG_INSTALL must name "
                 "topk_kl; rpg/install.py)"
             )
-        direction, tail = str(train).split(",")
         ids = micro_batch[IDS].values().to(logits.device)
         support = topk_kl.Support(ids, micro_batch[LOG_PROBS].values().to(logits.device))
-        terms = topk_kl.topk_kl(logits, support, direction, tail, with_sum_sq=True)
+        terms = topk_kl.topk_kl(logits, support, train.direction, train.tail, with_sum_sq=True)
         out[KL] = _nested(terms.kl.float(), micro_batch)
         out[IN_SUPPORT] = _nested(topk_kl.in_support(ids, labels).float(), micro_batch)
         out.update(zip(SHARE, (_nested(m, micro_batch) for m in topk_kl.share_moments(terms))))
     return out
 
 
-@_hooked
-def _wrap_prepare_model_outputs(orig: Callable) -> Callable:
-    def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
-        model_output = orig(self, output, output_args, micro_batch, logits_processor_func)
-        model_output.update(topk_outputs(output, output_args, micro_batch))
-        return model_output
-
-    return prepare_model_outputs
+def prepare_model_outputs(call: Callable, self, output, output_args, micro_batch, logits_processor_func):
+    """The piece of the engine's ``prepare_model_outputs``: verl's outputs plus `topk_outputs`."""
+    model_output = call(self, output, output_args, micro_batch, logits_processor_func)
+    model_output.update(topk_outputs(output, output_args, micro_batch))
+    return model_output
 
 
-# ---- ppo_loss: the terms in the loss's layout --------------------------------------------------------------------------
-@_hooked
-def _wrap_ppo_loss(orig: Callable) -> Callable:
-    def ppo_loss(config, model_output, data, dp_group=None):
-        if KL not in model_output:
-            return orig(config, model_output, data, dp_group=dp_group)
-        from verl.workers.utils.padding import no_padding_2_padding
-
-        from rpg.topk_kl import ShareMoments
-
-        pad = lambda key: no_padding_2_padding(model_output[key], data)  # noqa: E731
-        moments = ShareMoments(*map(pad, SHARE)) if SHARE[0] in model_output else None
-        terms = TopKTerms(pad(KL), pad(IN_SUPPORT) > 0.5, moments)
-        token = _CURRENT.set(terms)
-        try:
-            return orig(config, model_output, data, dp_group=dp_group)
-        finally:
-            _CURRENT.reset(token)
-
-    return ppo_loss
+# ---- ppo_loss: the terms in the loss's layout ------------------------------------------------------------------------
+def ppo_loss(call: Callable, config, model_output, data, dp_group=None):
+    """The piece of verl's ``ppo_loss``: the micro-batch's top-k terms, padded to the loss's layout, into the call's
+    record (`current`); then the rest of the call."""
+    if KL in model_output:
+        current_micro_batch().topk = _terms(model_output, data)
+    return call(config, model_output, data, dp_group=dp_group)
 
 
-# ---- install ----------------------------------------------------------------------------------------------------------
-WORKER_METHODS = {"compute_log_prob": ("self", "data"), "compute_ref_log_prob": ("self", "data"),
-                  "update_actor": ("self", "data")}  # fmt: skip
-ENGINE_PARAMS = ("self", "output", "output_args", "micro_batch", "logits_processor_func")
-PPO_LOSS_PARAMS = ("config", "model_output", "data", "dp_group")
+def _terms(model_output: dict, data: Any) -> TopKTerms:
+    from verl.workers.utils.padding import no_padding_2_padding  # verl at the first call: importing this imports none
+
+    def pad(key: str) -> Tensor:
+        return no_padding_2_padding(model_output[key], data)
+
+    moments = topk_kl.ShareMoments(*map(pad, SHARE)) if SHARE[0] in model_output else None
+    return TopKTerms(pad(KL), pad(IN_SUPPORT) > 0.5, moments)
 
 
-def _targets() -> list[tuple[Any, str, tuple[str, ...], Callable]]:
-    """(owner, attribute, verl's parameters, wrapper factory) of every object the hook wraps (imports verl)."""
-    import verl.workers.engine.fsdp.transformer_impl as engine
-    import verl.workers.engine_workers as workers
-    import verl.workers.utils.losses as losses
-
-    worker = workers.ActorRolloutRefWorker
-    return [
-        (engine.FSDPEngineWithLMHead, "prepare_model_outputs", ENGINE_PARAMS, _wrap_prepare_model_outputs),
-        *((worker, name, params, _worker_method(name)) for name, params in WORKER_METHODS.items()),
-        (losses, "ppo_loss", PPO_LOSS_PARAMS, _wrap_ppo_loss),
-        (workers, "ppo_loss", PPO_LOSS_PARAMS, _wrap_ppo_loss),
-    ]
-
-
-def _current(owner: Any, name: str) -> Callable:
-    return owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-
-
-def installed() -> bool:
-    """True when every target carries the hook (imports nothing)."""
-    if not all(m in sys.modules for m in (ENGINE_MODULE, WORKERS_MODULE, LOSSES_MODULE)):
-        return False
-    return all(getattr(_current(owner, name), MARK, False) for owner, name, _, _ in _targets())
-
-
-def check() -> None:
-    """Raise RuntimeError if `install` would wrap an object of an unsupported verl version or signature."""
-    todo = [t for t in _targets() if not getattr(_current(t[0], t[1]), MARK, False)]
-    if todo:
-        require_version("verl", SUPPORTED_VERL, WHAT)
-    for owner, name, params, _ in todo:
-        require_signature(_current(owner, name), params, WHAT)
-
-
-def install() -> None:
-    """Wrap every target (idempotent), after `check`: nothing is patched if it fails."""
-    check()
-    for owner, name, _, make in _targets():
-        setattr(owner, name, make(_current(owner, name)))
+#: the pieces of `rpg.patches` for ``RPG_INSTALL=topk_kl`` (attribute -> piece)
+PIECES = {
+    "prepare_model_outputs": prepare_model_outputs,
+    **{method: _requesting(method) for method in ("compute_log_prob", "compute_ref_log_prob", "update_actor")},
+    "ppo_loss": ppo_loss,
+}

@@ -6,9 +6,9 @@ verl 0.9.1 imports this module on `import verl` in every process (driver, TaskRu
 
 1. registers names (every process, always; no verl function or class is wrapped for that);
 2. calls `rpg.install.install_from_environ()`: installs exactly what the environment variable `RPG_INSTALL` names
-   (the ref_log_prob adapter, the periodic-reference hooks, the schedule-free trainer). The launcher puts that variable
-   in every Ray process's environment for a run that selects those modes; unset, nothing is installed, so a verl run
-   that selects no RPG feature runs verl's own code.
+   (the ref_log_prob adapter, the worker hooks, the schedule-free trainer, the top-k hook, ...: the table of patch
+   points `rpg.patches`). The launcher puts that variable in every Ray process's environment for a run that selects
+   those modes; unset, nothing is installed, so a verl run that selects no RPG feature runs verl's own code.
 
 It imports light: at module level only verl's registries, the loss table (`rpg.loss_table`), the advantage estimators
 (`rpg.advantages`) and `rpg.install`, none of which imports an rpg module that imports verl. That is what makes every
@@ -55,7 +55,7 @@ class LazyLoss:
     def fn(self) -> Callable[..., Any]:
         """The loss function (built once)."""
         if self._fn is None:
-            if self.spec.family == ADDON:
+            if self.spec.family == ADDON:  # both modules import verl: at the first call, not at registration
                 from rpg.kl_addon import make_addon_loss as make
             else:
                 from rpg.losses import make_policy_loss as make

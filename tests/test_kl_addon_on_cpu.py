@@ -356,7 +356,7 @@ def test_addon_with_an_ema_reference_and_an_adaptive_beta(base, monkeypatch):
     from rpg.reference.adaptive_kl import AdaptiveBeta, AdaptiveKLCoef
     from rpg.reference.step import TrainingStep, running
 
-    # the EMA blend itself runs in verl's worker (the hooks RPG_INSTALL=periodic_reference installs; tests/ranks):
+    # the EMA blend itself runs in verl's worker (the hooks RPG_INSTALL=worker_hooks installs; tests/ranks):
     # here the loss only reads the shipped ref_log_prob, as for `frozen`
     monkeypatch.setattr("rpg.losses.require", lambda settings: None)
     old, log_prob, adv, mask, ref, weights = random_batch(7)

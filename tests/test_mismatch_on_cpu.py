@@ -10,9 +10,11 @@ import torch
 
 from rpg.mismatch import LOGP_THRESHOLD, SHARE_KEY, report_lines, token_share_over, with_share
 
-CPU_FP32 = {"training/rollout_probs_diff_mean": 3e-7, "training/rollout_probs_diff_max": 2e-6,
-            "training/rollout_probs_diff_std": 1e-7, "rollout_corr/kl": 1e-9, "rollout_corr/k3_kl": 1e-12,
-            "rollout_corr/chi2_token": 2e-9, "rollout_corr/chi2_seq": 1e-8}  # fmt: skip
+CPU_FP32 = {
+    "training/rollout_probs_diff_mean": 3e-7, "training/rollout_probs_diff_max": 2e-6,
+    "training/rollout_probs_diff_std": 1e-7, "rollout_corr/kl": 1e-9, "rollout_corr/k3_kl": 1e-12,
+    "rollout_corr/chi2_token": 2e-9, "rollout_corr/chi2_seq": 1e-8,
+}
 
 
 def test_a_small_gap_is_ok_and_names_what_was_not_measured():
@@ -23,21 +25,22 @@ def test_a_small_gap_is_ok_and_names_what_was_not_measured():
 
 
 def test_large_metrics_give_the_warning_and_the_settings_to_consider():
-    large = {**CPU_FP32, "training/rollout_probs_diff_mean": 0.02, "training/rollout_probs_diff_max": 0.9,
-             "rollout_corr/k3_kl": 4e-3, SHARE_KEY: 0.012}  # fmt: skip
+    large = {**CPU_FP32, "training/rollout_probs_diff_mean": 0.02, "training/rollout_probs_diff_max": 0.9}
+    large.update({"rollout_corr/k3_kl": 4e-3, SHARE_KEY: 0.012})
     text = report_lines({1: CPU_FP32, 2: large})
     assert "tokens with |Δ log p| > log 2: 1.200%" in text and "max 9.00e-01" in text, text
     verdict = next(line for line in text.splitlines() if "verdict" in line)
-    for part in ("LARGE", "k3 KL(rollout‖trainer) per token 4.00e-03 > 0.001", "largest |Δ probability| of a token",
-                 "share of tokens with |Δ log p| > log 2 1.20e-02 > 0.001"):  # fmt: skip
+    parts = ("LARGE", "k3 KL(rollout‖trainer) per token 4.00e-03 > 0.001", "largest |Δ probability| of a token",
+             "share of tokens with |Δ log p| > log 2 1.20e-02 > 0.001")
+    for part in parts:
         assert part in verdict, (part, verdict)
     assert "algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=2.0" in text
     assert "algorithm.rollout_correction.rollout_rs=token_k1" in text
 
 
 def test_bypass_mode_reports_the_importance_weight_spread():
-    bypass = {"actor/rollout_is_mean": 1.0, "actor/rollout_is_std": 0.3, "actor/rollout_is_min": 0.2,
-              "actor/rollout_is_max": 6.0}  # fmt: skip
+    bypass = {"actor/rollout_is_mean": 1.0, "actor/rollout_is_std": 0.3}
+    bypass.update({"actor/rollout_is_min": 0.2, "actor/rollout_is_max": 6.0})
     text = report_lines({1: bypass})
     assert "bypass mode: importance weights π_θ/π_rollout std 3.00e-01, range 0.2 .. 6" in text, text
     assert "LARGE: importance-weight std 3.00e-01 > 0.1" in text
@@ -56,25 +59,29 @@ def test_the_share_over_the_threshold_counts_response_tokens_only():
 
 def test_the_share_is_added_to_verls_debug_metrics():
     class Data:  # verl's DataProto as calculate_debug_metrics reads it
-        batch = {"old_log_probs": torch.tensor([[-1.0, -3.0]]), "rollout_log_probs": torch.tensor([[-1.0, -1.0]]),
-                 "response_mask": torch.tensor([[1, 1]])}  # fmt: skip
+        batch = {"old_log_probs": torch.tensor([[-1.0, -3.0]]), "rollout_log_probs": torch.tensor([[-1.0, -1.0]])}
+        batch["response_mask"] = torch.tensor([[1, 1]])
 
-    wrapped = with_share(lambda data: {"training/rollout_probs_diff_mean": 0.1})
-    assert wrapped(Data()) == {"training/rollout_probs_diff_mean": 0.1, SHARE_KEY: 0.5}
+    got = with_share(lambda data: {"training/rollout_probs_diff_mean": 0.1}, Data())
+    assert got == {"training/rollout_probs_diff_mean": 0.1, SHARE_KEY: 0.5}
 
 
 def test_install_wraps_verls_trainer_call_once_and_is_guarded(monkeypatch):
-    import importlib
+    import verl.trainer.ppo.v1.trainer_base as trainer
 
-    from rpg import mismatch
+    from rpg import install, patches
 
-    trainer = importlib.import_module(mismatch.TRAINER_MODULE)
     original = trainer.calculate_debug_metrics
-    monkeypatch.setattr(trainer, "calculate_debug_metrics", original)  # restored after the test
-    assert not mismatch.installed()
-    mismatch.install()
-    mismatch.install()  # idempotent: wrapped once
-    assert mismatch.installed() and trainer.calculate_debug_metrics.__wrapped__ is original
+    assert not install.installed(install.MISMATCH_SHARE)
+    try:
+        install.install([install.MISMATCH_SHARE])
+        install.install([install.MISMATCH_SHARE])  # idempotent: wrapped once
+        wrapper = trainer.calculate_debug_metrics
+        assert install.installed(install.MISMATCH_SHARE) and wrapper.__wrapped__ is original
+        assert patches.patch_of(wrapper).pieces == {install.MISMATCH_SHARE: with_share}
+    finally:
+        install.uninstall([install.MISMATCH_SHARE])
+    assert trainer.calculate_debug_metrics is original
     monkeypatch.setattr(trainer, "calculate_debug_metrics", lambda batch, extra: {})
     with pytest.raises(RuntimeError, match="calculate_debug_metrics"):
-        mismatch.check()
+        install.check([install.MISMATCH_SHARE])

@@ -1,5 +1,6 @@
 """rpg/ray_start.py: the launcher's call of verl's run_ppo retries Ray's local start when the raylet misses Ray's
-fixed 30 s (seen in fresh-clone test runs on a loaded machine), and only then."""
+fixed 30 s (seen in fresh-clone test runs on a loaded machine), and only then; only for a CPU run: a GPU launch runs
+Ray's own `ray.init` and `get_node`, the identical objects."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 
 from rpg.ray_start import RAY_START_TRIES, retried_ray_start
 
-TIMEOUT = Exception("The current node timed out during startup. This could happen because some of the raylet failed "
-                    "to startup or the GCS has become overloaded.")  # fmt: skip
+TIMEOUT = Exception(
+    "The current node timed out during startup. This could happen because some of the raylet failed to startup or "
+    "the GCS has become overloaded."
+)
 
 
 def fake_ray(failures):
@@ -127,3 +130,30 @@ def test_the_launchers_start_is_patient_inside_init_only():
     with retried_ray_start(ray):
         assert ray.init(num_cpus=1) == "context"
     assert seen == [True] and services.get_node is original
+
+
+@pytest.mark.parametrize("profile, patient", [("gpu", False), ("cpu", True)])
+def test_only_a_cpu_run_changes_rays_start(profile, patient):
+    """The launcher's start (`rpg.launch.run`: `for_run(cpu=not is_gpu_run(config))`) on the composed config of
+    each profile: a GPU launch sees Ray's own `ray.init` and `get_node` inside it, a CPU run the patient ones."""
+    import ray
+    import ray._private.services as services
+
+    from rpg.launch import compose_config, is_gpu_run
+    from rpg.ray_start import for_run
+
+    config = compose_config([f"profile={profile}"])
+    init, get_node = ray.init, services.get_node
+    with for_run(cpu=not is_gpu_run(config)):
+        assert (ray.init is not init) is patient
+        assert services.get_node is get_node  # outside ray.init, even a CPU run polls Ray's own
+    assert ray.init is init and services.get_node is get_node
+
+
+def test_the_launcher_starts_ray_through_for_run_with_the_configs_device():
+    import inspect
+
+    import rpg.launch
+
+    source = inspect.getsource(rpg.launch.run)
+    assert "with ray_start.for_run(cpu=not is_gpu_run(config)):" in source and "run_ppo(" in source

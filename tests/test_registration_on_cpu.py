@@ -66,16 +66,16 @@ LIGHT = "import sys; sys.modules['verl'] = None\nimport rpg\n" + "".join(f"impor
 )
 
 
-FIRSTS = ["rpg.loss_config", "rpg.losses", "rpg.advantages", "rpg.schedule_free", "rpg"]
+FIRSTS = ["rpg.loss_config", "rpg.losses", "rpg.advantages", "rpg.schedule_free_worker", "rpg"]
 
 
 def _import_order(first: str) -> tuple[str, list[str], dict[str, str]]:
     """`PROBE` after importing `first`, in a fresh process's environment: without what an earlier in-process test
     of this worker may have left (the CPU platform's variables, RPG_INSTALL), as tests/test_scoped_patches_on_cpu.py
-    does; `rpg.schedule_free` first with `RPG_INSTALL` naming it and the reference adapter."""
+    does; `rpg.schedule_free_worker` first with `RPG_INSTALL` naming schedule_free and the reference adapter."""
     drop = ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM", "VERL_ENGINE_DEVICE", "RPG_INSTALL")
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    if first == "rpg.schedule_free":
+    if first == "rpg.schedule_free_worker":
         env["RPG_INSTALL"] = "ref_log_prob,schedule_free"
     return (LIGHT if first == "rpg" else f"import {first}\n") + PROBE + INSTALLED, [], env
 
@@ -89,16 +89,16 @@ def fresh() -> dict[str, subprocess.CompletedProcess]:
 @pytest.mark.parametrize("first", FIRSTS)
 def test_any_import_order_registers_everything(fresh, first):
     """Importing an rpg module before verl must not break verl's plugin loading (a half-initialised module).
-    `rpg` first: with the plugin's own rpg imports, verl blocked (`LIGHT`). `rpg.schedule_free` first, as a Ray worker
-    of a schedule-free run unpickles its worker class, with `RPG_INSTALL` naming it and the reference adapter: the
-    adapter is installed, the half-initialised module is left out (its trainer is the TaskRunner's, which imports verl
-    first), and the plugin reports no error."""
+    `rpg` first: with the plugin's own rpg imports, verl blocked (`LIGHT`). `rpg.schedule_free_worker` first, as a Ray
+    worker of a schedule-free run unpickles its worker class, with `RPG_INSTALL` naming schedule_free and the reference
+    adapter: both are installed while the worker module is half-initialised (the trainer lives apart from it, in
+    rpg.schedule_free_trainer), and the plugin reports no error."""
     out = fresh[first]
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     got = {**json.loads(lines[-2]), **json.loads(lines[-1])}
     assert got["losses"] == EXPECTED_LOSSES and got["adv"] == ["rpg", "rpg_batchmean"]
-    assert got["installed"] == (["ref_log_prob"] if first == "rpg.schedule_free" else [])
+    assert got["installed"] == (["ref_log_prob", "schedule_free"] if first == "rpg.schedule_free_worker" else [])
     assert "[rpg] error" not in out.stderr
 
 

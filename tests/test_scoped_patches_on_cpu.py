@@ -1,5 +1,5 @@
-"""The plugin patches verl only where a run asks for it, in one place (rpg/install.py), and only a verl it was written
-for (rpg/compat.py, rpg/reference/, rpg/schedule_free.py).
+"""The plugin patches verl only where a run asks for it, in one place (rpg/install.py, through the table of patch points
+rpg/patches.py), and only a verl it was written for (rpg/compat.py).
 
 Fresh processes: after `import verl` and importing verl's worker and trainer modules, verl's `ppo_loss`,
 `ActorRolloutRefWorker.update_actor/save_checkpoint/load_checkpoint` and verl's trainer registry are verl's own and no
@@ -76,10 +76,12 @@ SCOPE = PRELUDE + textwrap.dedent(
 )
 
 ORIGINAL = {"ppo_loss": True, "worker": True, "trainers": True, "debug_metrics": True}
-CONFIGS = [("periodic", {"loss_mode": "rpg_ufkl", "reference": "periodic", "ref_refresh_steps": 4}),
-           ("frozen", {"loss_mode": "rpg_reinforce_hardclip_rkl", "reference": "frozen"}),
-           ("grpo_wk3", {"loss_mode": "grpo_wk3"}),
-           ("verl_periodic", {"loss_mode": "vanilla", "reference": "periodic", "ref_refresh_kl": 0.1})]  # fmt: skip
+CONFIGS = [
+    ("periodic", {"loss_mode": "rpg_ufkl", "reference": "periodic", "ref_refresh_steps": 4}),
+    ("frozen", {"loss_mode": "rpg_reinforce_hardclip_rkl", "reference": "frozen"}),
+    ("grpo_wk3", {"loss_mode": "grpo_wk3"}),
+    ("verl_periodic", {"loss_mode": "vanilla", "reference": "periodic", "ref_refresh_kl": 0.1}),
+]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -102,9 +104,18 @@ def test_import_verl_and_building_configs_patch_nothing(fresh):
     assert {name: out[name] for name, _ in CONFIGS} == {name: ORIGINAL for name, _ in CONFIGS}  # plain objects
 
 
-INSTALLS = [("ref_log_prob", {"ppo_loss": False, "worker": True, "trainers": True, "debug_metrics": True}),
-            ("schedule_free, periodic_reference", {"ppo_loss": True, "worker": False, "trainers": False, "debug_metrics": True}),
-            ("mismatch_share", {"ppo_loss": True, "worker": True, "trainers": True, "debug_metrics": False})]  # fmt: skip
+def _state(**changed: bool) -> dict[str, bool]:
+    """`ORIGINAL` with the `changed` entries."""
+    return {**ORIGINAL, **changed}
+
+
+# `periodic_reference`: the former name of `worker_hooks`, accepted as an alias
+INSTALLS = [
+    ("ref_log_prob", _state(ppo_loss=False)),
+    ("schedule_free, periodic_reference", _state(worker=False, trainers=False)),
+    ("worker_hooks", _state(worker=False)),
+    ("mismatch_share", _state(debug_metrics=False)),
+]
 
 
 @pytest.mark.parametrize("names, expected", INSTALLS)
@@ -149,9 +160,12 @@ ew.ActorRolloutRefWorker.update_actor = update_actor
 """
 
 
-SABOTAGES = {"verl-version": (FAKE_VERSION, ["ref_log_prob", "periodic_reference", "mismatch_share"]),
-             "ppo_loss-signature": (CHANGED_PPO_LOSS, ["ref_log_prob"]),
-             "update_actor-signature": (CHANGED_UPDATE_ACTOR, ["ref_log_prob", "periodic_reference"])}  # fmt: skip
+SABOTAGES = {
+    "verl-version": (FAKE_VERSION, ["ref_log_prob", "worker_hooks", "mismatch_share"]),
+    "ppo_loss-signature": (CHANGED_PPO_LOSS, ["ref_log_prob"]),
+    "update_actor-signature": (CHANGED_UPDATE_ACTOR, ["ref_log_prob", "worker_hooks"]),
+}
+WORKER_HOOKS = "periodic/EMA-reference and adaptive-β hooks"
 
 
 @pytest.mark.parametrize(
@@ -162,12 +176,18 @@ SABOTAGES = {"verl-version": (FAKE_VERSION, ["ref_log_prob", "periodic_reference
          ["verl.workers.utils.losses.ppo_loss('config', 'model_output', 'data', 'dp_group')",
           "verl.workers.utils.losses.ppo_loss('config', 'model_output', 'data', 'dp_group', 'loss_scale')",
           "verl 0.9.1", "ref_log_prob adapter"]),
-        ("update_actor-signature",
-         ["ActorRolloutRefWorker.update_actor('self', 'data')", "ActorRolloutRefWorker.update_actor('self', 'data', "
-          "'timing')", "verl 0.9.1", "periodic-reference hooks"]),
+        (
+            "update_actor-signature",
+            [
+                "ActorRolloutRefWorker.update_actor('self', 'data')",
+                "ActorRolloutRefWorker.update_actor('self', 'data', 'timing')",
+                "verl 0.9.1",
+                WORKER_HOOKS,
+            ],
+        ),
     ],
     ids=["verl-version", "ppo_loss-signature", "update_actor-signature"],
-)  # fmt: skip
+)
 def test_unsupported_verl_fails_at_start_up_naming_both_and_patches_nothing(fresh, case, needles):
     sabotage = SABOTAGES[case][0]
     out = _json(fresh[case])
@@ -175,8 +195,9 @@ def test_unsupported_verl_fails_at_start_up_naming_both_and_patches_nothing(fres
     for needle in needles:
         assert needle in out["error"], (needle, out["error"])
     assert out["state"]["ppo_loss"] or sabotage is CHANGED_PPO_LOSS  # the adapter was not installed
-    assert out["state"] == {"ppo_loss": sabotage is not CHANGED_PPO_LOSS, "worker": sabotage is not
-                            CHANGED_UPDATE_ACTOR, "trainers": True, "debug_metrics": True}  # nothing patched (the sabotaged object is not verl's file) fmt: skip
+    # nothing patched (the sabotaged object is not from verl's file)
+    unpatched = _state(ppo_loss=sabotage is not CHANGED_PPO_LOSS, worker=sabotage is not CHANGED_UPDATE_ACTOR)
+    assert out["state"] == unpatched
     assert out["registered"]  # registration needs no patch and works on any verl
 
 
@@ -185,8 +206,8 @@ def test_require_version_returns_the_installed_version_or_names_everything():
     assert compat.require_version("verl", compat.SUPPORTED_VERL, "x") == compat.installed_version("verl")
     with pytest.raises(RuntimeError) as info:
         compat.require_version("verl", ">=9.0", "the frobnicator patch")
-    assert all(s in str(info.value) for s in ("verl>=9.0", f"verl {compat.installed_version('verl')}",
-                                              "the frobnicator patch"))  # fmt: skip
+    needles = ("verl>=9.0", f"verl {compat.installed_version('verl')}", "the frobnicator patch")
+    assert all(s in str(info.value) for s in needles)
     with pytest.raises(RuntimeError, match="not installed"):
         compat.require_version("surely-not-a-package-rpg", ">=1", "x")
 
@@ -234,8 +255,8 @@ def test_the_loss_names_a_missing_adapter_and_the_fix(fresh):
     assert proc.returncode == 0, proc.stderr[-3000:]
     message = proc.stdout.strip().splitlines()[-1]
     assert "ref_log_prob adapter around verl's ppo_loss" in message and "not installed in this process" in message
-    assert "periodic/EMA-reference and adaptive-β hooks" in message and "python -m rpg.launch" in message
-    assert "+ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL=ref_log_prob,periodic_reference" in message
+    assert WORKER_HOOKS in message and "python -m rpg.launch" in message
+    assert "+ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL=ref_log_prob,worker_hooks" in message
 
 
 LAUNCHER = textwrap.dedent(
@@ -267,32 +288,38 @@ def test_the_launcher_refuses_an_unsupported_verl_before_ray(fresh):
 @pytest.fixture(scope="module")
 def fresh() -> dict[str, subprocess.CompletedProcess]:
     """The module's fresh-process checks, each `python -c CODE ARGS` in `_env(...)`, forked from one interpreter."""
-    return fresh_process.run({
+    cases = {
         "scope": (SCOPE, [json.dumps(CONFIGS)], _env()),
         **{f"install {names}": (SCOPE, ["[]"], _env(**{install.ENV: names})) for names, _ in INSTALLS},
         **{case: (GUARD, [json.dumps(names), sabotage], _env()) for case, (sabotage, names) in SABOTAGES.items()},
         "unpickled": (UNPICKLED_LOSS, [_unpickled_config()], _env()),
-        "launcher": (LAUNCHER, [], _env())})  # fmt: skip
+        "launcher": (LAUNCHER, [], _env()),
+    }
+    return fresh_process.run(cases)
 
 
 # ---- the launcher's side of the contract: what a composed config selects, exported to every Ray process ------------
 BASE = ["algorithm.adv_estimator=rpg", "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig"]
 
 
-@pytest.mark.parametrize(
-    "overrides, expected",
-    [(["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_urkl"], ()),
-     (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_urkl", "+actor_rollout_ref.actor.policy_loss.reference=frozen"],
-      ("ref_log_prob",)),
-     (["actor_rollout_ref.actor.policy_loss.loss_mode=grpo_wk3"], ("ref_log_prob",)),
-     (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_ufkl", "+actor_rollout_ref.actor.policy_loss.reference=periodic",
-       "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=4"], ("ref_log_prob", "periodic_reference")),
-     (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_urkl", "trainer.v1.trainer_mode=schedule_free_sync"],
-      ("schedule_free",)),
-     (["actor_rollout_ref.actor.policy_loss.loss_mode=rpg_urkl", "+actor_rollout_ref.actor.policy_loss.reference=frozen",
-       "+actor_rollout_ref.actor.policy_loss.kl_estimator=topk"], ("ref_log_prob", "topk_kl"))],
-    ids=["iterative", "frozen", "grpo_wk3", "periodic", "schedule_free", "topk"],
-)  # fmt: skip
+PL = "actor_rollout_ref.actor.policy_loss."
+SELECTS = {
+    "iterative": ([f"{PL}loss_mode=rpg_reinforce_urkl"], ()),
+    "frozen": ([f"{PL}loss_mode=rpg_urkl", f"+{PL}reference=frozen"], ("ref_log_prob",)),
+    "grpo_wk3": ([f"{PL}loss_mode=grpo_wk3"], ("ref_log_prob",)),
+    "periodic": (
+        [f"{PL}loss_mode=rpg_ufkl", f"+{PL}reference=periodic", f"+{PL}ref_refresh_steps=4"],
+        ("ref_log_prob", "worker_hooks"),
+    ),
+    "schedule_free": ([f"{PL}loss_mode=rpg_urkl", "trainer.v1.trainer_mode=schedule_free_sync"], ("schedule_free",)),
+    "topk": (
+        [f"{PL}loss_mode=rpg_urkl", f"+{PL}reference=frozen", f"+{PL}kl_estimator=topk"],
+        ("ref_log_prob", "topk_kl"),
+    ),
+}
+
+
+@pytest.mark.parametrize("overrides, expected", list(SELECTS.values()), ids=list(SELECTS))
 def test_the_launcher_selects_and_exports_what_the_config_needs(overrides, expected):
     from rpg.launch import compose_config
 

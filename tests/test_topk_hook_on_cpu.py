@@ -6,8 +6,7 @@
 * Through verl's real fused worker (tiny random Qwen2, FSDP2, CPU platform, the iterative reference): the old-log-prob
   pass returns the support (sorted, and where the sampled token is in it, its log-prob is verl's own `log_probs`:
   the rows are aligned), the update trains with it and logs finite `actor/rpg/topk_kl` and `actor/rpg/kl_share`;
-  without the support in the
-  batch the update stops with the fix. About 15 s.
+  without the support in the batch the update stops with the fix. About 15 s.
 """
 
 from __future__ import annotations
@@ -18,11 +17,13 @@ import pytest
 import torch
 
 from rpg import topk_hook, topk_kl
+from rpg.reference import micro_batch
+from rpg.topk_hook import TopKUpdate
 
 V, K = 11, 3
 
 
-def _micro_batch(lengths, seed, remove_padding, train="reverse,sampled"):
+def _micro_batch(lengths, seed, remove_padding, train=TopKUpdate("reverse", "sampled")):
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
 
@@ -32,14 +33,15 @@ def _micro_batch(lengths, seed, remove_padding, train="reverse,sampled"):
     offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     support = topk_kl.select_support(torch.randn(total, V, generator=g, dtype=torch.float64), K)
     nested = lambda x: torch.nested.nested_tensor_from_jagged(x, offsets)  # noqa: E731
-    td = TensorDict({"input_ids": nested(ids), topk_hook.IDS: nested(support.ids),
-                     topk_hook.LOG_PROBS: nested(support.log_probs.float())}, batch_size=[len(lengths)])  # fmt: skip
+    fields = {"input_ids": nested(ids), topk_hook.IDS: nested(support.ids),
+              topk_hook.LOG_PROBS: nested(support.log_probs.float())}
+    td = TensorDict(fields, batch_size=[len(lengths)])
     tu.assign_non_tensor(td, use_remove_padding=remove_padding, **{topk_hook.TRAIN: train})
     return td, ids, support
 
 
 @pytest.mark.parametrize("remove_padding", [True, False])
-@pytest.mark.parametrize("train", ["reverse,sampled", "forward,bucket"])
+@pytest.mark.parametrize("train", [TopKUpdate("reverse", "sampled"), TopKUpdate("forward", "bucket")])
 def test_the_hooks_kl_is_topk_kl_on_the_scaled_logits_of_the_real_rows(remove_padding, train):
     lengths, pad, temperature = [3, 5, 2], 2, 0.7
     td, ids, support = _micro_batch(lengths, 0, remove_padding, train)
@@ -57,9 +59,9 @@ def test_the_hooks_kl_is_topk_kl_on_the_scaled_logits_of_the_real_rows(remove_pa
                 "input_ids_rmpad_rolled": rolled}
         rows = torch.cat([logits[i, :n] for i, n in enumerate(lengths)])
     out = topk_hook.topk_outputs(SimpleNamespace(logits=logits), args, td)
-    direction, tail = train.split(",")
-    terms = topk_kl.topk_kl(rows / temperature, topk_kl.Support(support.ids, support.log_probs.float()), direction,
-                            tail, with_sum_sq=True)  # fmt: skip
+    direction, tail = train.direction, train.tail  # typed fields of the batch's request, not a joined string
+    at_support = topk_kl.Support(support.ids, support.log_probs.float())
+    terms = topk_kl.topk_kl(rows / temperature, at_support, direction, tail, with_sum_sq=True)
     expected = terms.kl
     got = out[topk_hook.KL].values()
     # the KL share's moments: the closed form on them is kl_share on the independently flattened rows
@@ -89,23 +91,29 @@ def test_a_batch_without_the_hooks_keys_is_left_alone():
     assert topk_hook.topk_outputs(SimpleNamespace(logits=None), {}, td) == {}
 
 
-@pytest.mark.parametrize("method, reference, expected", [
-    ("compute_log_prob", "iterative", (topk_hook.SELECT, 4)), ("compute_ref_log_prob", "iterative", None),
-    ("compute_log_prob", "frozen", None), ("compute_ref_log_prob", "frozen", (topk_hook.SELECT, 4)),
-    ("update_actor", "frozen", (topk_hook.TRAIN, "reverse,bucket")),
-])  # fmt: skip
+REQUESTS = [
+    ("compute_log_prob", "iterative", (topk_hook.SELECT, 4)),
+    ("compute_ref_log_prob", "iterative", None),
+    ("compute_log_prob", "frozen", None),
+    ("compute_ref_log_prob", "frozen", (topk_hook.SELECT, 4)),
+    ("update_actor", "frozen", (topk_hook.TRAIN, TopKUpdate("reverse", "bucket"))),
+]
+
+
+@pytest.mark.parametrize("method, reference, expected", REQUESTS)
 def test_the_reference_pass_selects_and_the_update_trains(method, reference, expected):
     from rpg.loss_config import RPGPolicyLossConfig
 
-    settings = RPGPolicyLossConfig(loss_mode="rpg_kl_urkl", kl_estimator="topk", kl_topk=4, kl_topk_tail="bucket",
-                                   reference=reference)  # fmt: skip
+    settings = RPGPolicyLossConfig(
+        loss_mode="rpg_kl_urkl", kl_estimator="topk", kl_topk=4, kl_topk_tail="bucket", reference=reference
+    )
     assert topk_hook.request_for(settings, method) == expected
     assert topk_hook.request_for(RPGPolicyLossConfig(loss_mode="rpg_kl_urkl"), method) is None
     fkl = RPGPolicyLossConfig(loss_mode="rpg_fkl", kl_estimator="topk")
-    assert topk_hook.request_for(fkl, "update_actor") == (topk_hook.TRAIN, "forward,sampled")
+    assert topk_hook.request_for(fkl, "update_actor") == (topk_hook.TRAIN, TopKUpdate("forward", "sampled"))
     wk3 = RPGPolicyLossConfig(loss_mode="grpo_wk3", kl_estimator="topk", kl_topk=4)  # its KL is to π_ref, always
-    assert topk_hook.request_for(wk3, method) == {"compute_log_prob": None, "update_actor": (topk_hook.TRAIN,
-                                                  "reverse,sampled")}.get(method, (topk_hook.SELECT, 4))  # fmt: skip
+    wk3_requests = {"compute_log_prob": None, "update_actor": (topk_hook.TRAIN, TopKUpdate("reverse", "sampled"))}
+    assert topk_hook.request_for(wk3, method) == wk3_requests.get(method, (topk_hook.SELECT, 4))
 
 
 # ---- verl's fused worker ----------------------------------------------------------------------------------------------
@@ -118,7 +126,7 @@ def worker(tiny_qwen2_dir):
 
     from rpg import install
 
-    return fused_worker_builder(tiny_qwen2_dir, [
+    overrides = [
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
@@ -131,7 +139,8 @@ def worker(tiny_qwen2_dir):
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "trainer.n_gpus_per_node=1",
-    ], installs=(install.TOPK_KL,))()  # fmt: skip
+    ]
+    return fused_worker_builder(tiny_qwen2_dir, overrides, installs=(install.TOPK_KL,))()
 
 
 def _batch():
@@ -161,8 +170,8 @@ def test_the_worker_selects_the_support_and_trains_with_it(worker):
     old = no_padding_2_padding(lp, td).detach()
     td["old_log_probs"] = old * mask
     td[topk_hook.IDS], td[topk_hook.LOG_PROBS] = ids, lps
-    tu.assign_non_tensor(td, compute_loss=True, global_batch_size=2, mini_batch_size=2, epochs=1, seed=0,
-                         dataloader_kwargs={"shuffle": False})  # fmt: skip
+    update = {"global_batch_size": 2, "mini_batch_size": 2, "epochs": 1, "seed": 0}
+    tu.assign_non_tensor(td, compute_loss=True, dataloader_kwargs={"shuffle": False}, **update)
     metrics = tu.get(worker.update_actor(td.clone()), "metrics")
     kl = metrics["actor/rpg/topk_kl"]
     assert len(kl) == 2 and all(torch.isfinite(torch.tensor(v)) and v >= -1e-6 for v in kl)  # on-policy first step
@@ -176,8 +185,10 @@ def test_the_worker_selects_the_support_and_trains_with_it(worker):
 
 
 # ---- the loss: the reward part with β = 0 plus β·(analytic + tail), outside the clip ---------------------------------
-@pytest.mark.parametrize("loss_mode, way", [("rpg_urkl", "reverse"), ("rpg_reinforce_hardclip_ufkl", "forward"),
-                                            ("rpg_kl_rkl", "reverse")])  # fmt: skip
+WAYS = [("rpg_urkl", "reverse"), ("rpg_reinforce_hardclip_ufkl", "forward"), ("rpg_kl_rkl", "reverse")]
+
+
+@pytest.mark.parametrize("loss_mode, way", WAYS)
 @pytest.mark.parametrize("tail", ["sampled", "bucket"])
 def test_the_loss_adds_beta_times_the_topk_kl_and_its_sampled_tail(loss_mode, way, tail):
     from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn
@@ -195,11 +206,9 @@ def test_the_loss_adds_beta_times_the_topk_kl_and_its_sampled_tail(loss_mode, wa
     beta = 0.3
     config = actor_config(loss_mode, kl_coef=beta, kl_estimator="topk", kl_topk_tail=tail)
     plain = actor_config(loss_mode, kl_coef=0.0)
-    token = topk_hook._CURRENT.set(topk_hook.TopKTerms(kl, in_support))
-    try:
+    with micro_batch.opened(micro_batch.MicroBatch(topk=topk_hook.TopKTerms(kl, in_support))):
         got, metrics = get_policy_loss_fn(loss_mode)(old, log_prob, adv, mask, "token-mean", config, None)
-    finally:
-        topk_hook._CURRENT.reset(token)
+    assert topk_hook.current() is None
     reward, _ = get_policy_loss_fn(loss_mode)(old, log_prob, adv, mask, "token-mean", plain, None)
     log_w = log_prob - old
     sampled = (torch.exp(log_w) * log_w if way == "reverse" else -log_w) * (~in_support)
@@ -233,6 +242,8 @@ def test_a_changed_verl_signature_is_refused_and_nothing_is_patched(monkeypatch)
     import verl.workers.engine.fsdp.transformer_impl as engine
     import verl.workers.utils.losses as losses
 
+    from rpg import install
+
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func, extra):
         return {}
 
@@ -241,7 +252,7 @@ def test_a_changed_verl_signature_is_refused_and_nothing_is_patched(monkeypatch)
 
     monkeypatch.setattr(engine.FSDPEngineWithLMHead, "prepare_model_outputs", prepare_model_outputs)
     monkeypatch.setattr(losses, "ppo_loss", ppo_loss)
-    with pytest.raises(RuntimeError, match=r"prepare_model_outputs\('self', 'output', 'output_args', 'micro_batch', "
-                                           r"'logits_processor_func', 'extra'\)"):  # fmt: skip
-        topk_hook.install()
+    changed = r"prepare_model_outputs\('self', 'output', 'output_args', 'micro_batch', 'logits_processor_func', 'extra'\)"
+    with pytest.raises(RuntimeError, match=changed):
+        install.install([install.TOPK_KL])
     assert engine.FSDPEngineWithLMHead.prepare_model_outputs is prepare_model_outputs and losses.ppo_loss is ppo_loss

@@ -22,7 +22,9 @@ How to use it (the CPU profile of the recipe launcher, `rpg/preflight/recipe_arg
 registers the platform and applies the shims. Importing it in a process where ``VERL_PLATFORM`` is not ``cpu`` only
 registers the platform class (harmless for GPU runs) and applies nothing; call `install()` to force the shims
 (in-process tests). Config settings a CPU run also needs (eager/SDPA attention, fsdp2, fp32) are Hydra settings of
-`rpg/config/profile/cpu.yaml`, not code.
+`rpg/config/profile/cpu.yaml`, not code. These shims are not rows of the table of patch points (`rpg.patches`,
+whose docstring says why): they are a CPU run's platform, loaded by ``VERL_USE_EXTERNAL_MODULES``, not a feature that
+``RPG_INSTALL`` selects.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ Patch 2: keep the linear weights after vLLM packs them.
     ``process_weights_after_loading`` after every sync packs the new values again. Cost: the vLLM worker holds its
     linear weights twice. The wrapper is installed when ``vllm.model_executor.layers.utils`` is first imported (or
     at once if it already is), so it does not depend on the order in which a process imports verl and vLLM.
+
+Neither patch is a row of the table of patch points (`rpg.patches`, whose docstring says why): both change vLLM,
+not verl, and only a CPU run with vLLM loads them.
 """
 
 from __future__ import annotations

@@ -23,14 +23,15 @@ One module per job (none is imported by this package's ``__init__``):
 
 * `rpg.reference.adapter` — the ``ref_log_prob`` adapter around verl's ``ppo_loss`` (`current_ref_log_prob`);
 * `rpg.reference.step` — `TrainingStep`, β and the two KL sums of one training step in the worker;
+* `rpg.reference.micro_batch` — `MicroBatch`, what the pieces of ``ppo_loss`` publish for one micro-batch;
 * `rpg.reference.schedule` — `RefreshSchedule`, when a written reference is refreshed (pure);
 * `rpg.reference.weights` — the weight copy and the EMA blend on each rank's shards;
 * `rpg.reference.written`, `rpg.reference.periodic`, `rpg.reference.ema`, `rpg.reference.adaptive_kl` — the per-mode
   state in verl's worker (schedule, write, metrics, checkpoint);
 * `rpg.reference.hooks` — the hooks on ``ActorRolloutRefWorker`` that build and drive those states.
 
-When verl is patched: only when a run asks for it, and only by `rpg.install`, the one installation point, which also
-holds `require(settings)` (called by the RPG losses: it fails clearly, naming the fix, when something the settings need
-is not installed in the process that runs them, e.g. a run started with ``python -m verl.trainer.main_ppo`` without
-``RPG_INSTALL``; docs/reference-modes.md#installation).
+When verl is patched: only when a run asks for it, and only by `rpg.install`, the one installation point (through the
+table of patch points `rpg.patches`), which also holds `require(settings)` (called by the RPG losses: it fails
+clearly, naming the fix, when something the settings need is not installed in the process that runs them, e.g. a run
+started with ``python -m verl.trainer.main_ppo`` without ``RPG_INSTALL``; docs/reference-modes.md#installation).
 """

@@ -251,7 +251,7 @@ def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, 
     from rpg import install
     from rpg.reference.weights import engine_module as _engine_module
 
-    install.install([install.REF_LOG_PROB, install.PERIODIC_REFERENCE])  # what RPG_INSTALL names in a run
+    install.install([install.REF_LOG_PROB, install.WORKER_HOOKS])  # what RPG_INSTALL names in a run
     reductions: list = []
     _record_reductions(reductions)
     worker = _periodic_worker(model_dir, world_size, refresh_steps, refresh_kl)
@@ -372,7 +372,7 @@ _SF_BATCH, _SF_MINI = 8, 4
 
 
 def _sf_worker(model_dir: str, world_size: int):
-    import rpg.schedule_free as sfm
+    import rpg.schedule_free_worker as sfw
 
     config = compose(model_dir, [
         f"actor_rollout_ref.actor.ppo_mini_batch_size={_SF_MINI}",
@@ -387,7 +387,7 @@ def _sf_worker(model_dir: str, world_size: int):
         "actor_rollout_ref.actor.optim.weight_decay=0.1",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
     ])  # fmt: skip
-    worker = sfm.ScheduleFreeActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
+    worker = sfw.ScheduleFreeActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
     worker.init_model()
     return worker
 

@@ -317,7 +317,7 @@ def test_4b_ablations(name: str):
            "gspo": (v.rpg.base_loss_mode, actor.loss_agg_mode)}
     for key in expected:
         assert (got[key] == expected[key]) is (key in name), key  # each setting only in its own script
-    assert ("periodic_reference" in v.install) is (reference in ("periodic", "ema") or "adaptive" in name)
+    assert ("worker_hooks" in v.install) is (reference in ("periodic", "ema") or "adaptive" in name)
     assert v.rpg is v.actor.policy_loss  # built once, with the actor; the RPG rules and rpg.install read that object
 
 
@@ -338,7 +338,7 @@ def test_the_rpg_settings_are_built_once_per_validation(monkeypatch):
 
     monkeypatch.setattr(RPGPolicyLossConfig, "__post_init__", counted)
     v = validate(composed(RECIPE / "4b" / "run_rpg_reinforce_urkl_4k_periodic.sh"))
-    assert v.install == ("ref_log_prob", "periodic_reference")
+    assert v.install == ("ref_log_prob", "worker_hooks")
     assert [obj for obj, in_verl in built if not in_verl] == [v.rpg] and len(built) == 2
 
 

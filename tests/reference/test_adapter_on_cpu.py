@@ -1,9 +1,10 @@
 """The ref_log_prob adapter (rpg/reference/adapter.py): through verl's real `ppo_loss`, and its installation. ~15 s.
 
 Inside a registered policy loss, `current_ref_log_prob()` must return the `ref_log_prob` verl shipped, padded like the
-loss's `log_prob`; it is None without a reference model and outside `ppo_loss`. `install()` of the adapter and of the
-periodic hooks must patch verl's modules idempotently, keeping verl's `@register` dispatch metadata (when they are
-installed at all is tests/test_scoped_patches_on_cpu.py).
+loss's `log_prob`; it is None without a reference model and outside `ppo_loss`. With the top-k hook installed too, the
+one wrapper of `ppo_loss` gives the loss both pieces' terms in one micro-batch record. Installing the adapter and the
+worker hooks must patch verl's objects once, keeping verl's `@register` dispatch metadata (when they are installed at
+all is tests/test_scoped_patches_on_cpu.py; every selection, tests/test_patches_on_cpu.py).
 """
 
 import os
@@ -20,7 +21,8 @@ from verl.workers.config import ActorConfig, PolicyLossConfig
 from verl.workers.utils import losses
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from rpg.reference import adapter, hooks, step
+from rpg import install, topk_hook
+from rpg.reference import adapter, step
 
 PROBE = "rpg_test_reference_probe"
 PROMPT_W, RESP_W = 4, 5
@@ -37,7 +39,7 @@ def probe():
         seen.append((log_prob.detach().clone(), adapter.current_ref_log_prob()))
         return (log_prob * response_mask).sum() * 0.0, {}
 
-    adapter.install()
+    install.install([install.REF_LOG_PROB])
     yield seen
     core_algos.POLICY_LOSS_REGISTRY.pop(PROBE, None)
 
@@ -133,21 +135,50 @@ def test_the_steps_reference_kl_matches_the_formula(probe):
     assert (kl.item(), n.item()) == (0.0, float(mask.sum()))
 
 
+def test_one_wrapper_gives_the_loss_both_pieces_terms(probe):
+    """ref_log_prob and topk_kl both hook ppo_loss: one wrapper, one record, both terms inside the loss."""
+    td, flat_lp, ref, mask = make_data("padded")
+    kl = torch.rand(flat_lp.shape, generator=torch.Generator().manual_seed(2))
+    model_output = {"log_probs": flat_lp, topk_hook.KL: kl, topk_hook.IN_SUPPORT: torch.ones_like(kl)}
+    seen_topk = []
+    core_algos.register_policy_loss(PROBE)(_recording(probe, seen_topk))
+    install.install([install.TOPK_KL])
+    try:
+        losses.ppo_loss(actor_config(True), model_output, td)
+    finally:
+        install.uninstall([install.TOPK_KL])
+    (_, seen_ref), (terms,) = probe[0], seen_topk
+    torch.testing.assert_close(seen_ref, ref, rtol=0, atol=0)
+    assert terms is not None and terms.kl.shape == seen_ref.shape and bool(terms.in_support[mask].all())
+    assert adapter.current_ref_log_prob() is None and topk_hook.current() is None
+
+
+def _recording(seen, seen_topk):
+    def probe_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None):
+        seen.append((log_prob.detach().clone(), adapter.current_ref_log_prob()))
+        seen_topk.append(topk_hook.current())
+        return (log_prob * response_mask).sum() * 0.0, {}
+
+    return probe_loss
+
+
 _INSTALL_CHECK = textwrap.dedent(
     """
     import sys
-    from rpg.reference import adapter, hooks
+    from rpg import install, patches
     from verl.single_controller.base.decorator import MAGIC_ATTR
-    adapter.install(); adapter.install(); hooks.install(); hooks.install()
+    install.install(["ref_log_prob", "worker_hooks"]); install.install(["ref_log_prob", "worker_hooks"])
     import verl.workers.engine_workers as ew
     import verl.workers.utils.losses as L
-    assert getattr(L.ppo_loss, adapter.MARK) and ew.ppo_loss is L.ppo_loss, "ppo_loss not wrapped once in both modules"
-    assert not getattr(L.ppo_loss.__wrapped__, adapter.MARK, False), "wrapped twice"
-    assert adapter.installed() and hooks.installed()
+    for module in (L, ew):
+        patch = patches.patch_of(module.ppo_loss)
+        assert patch is not None and patches.patch_of(module.ppo_loss.__wrapped__) is None, "not wrapped once"
+        assert module.ppo_loss.__wrapped__ is patch.original and set(patch.pieces) == {"ref_log_prob"}
+    assert install.installed("ref_log_prob") and install.installed("worker_hooks")
     cls = ew.ActorRolloutRefWorker
     for name in ("update_actor", "save_checkpoint", "load_checkpoint"):
         fn = cls.__dict__[name]
-        assert getattr(fn, hooks.MARK) and not getattr(fn.__wrapped__, hooks.MARK, False), name
+        assert patches.patch_of(fn) and patches.patch_of(fn.__wrapped__) is None, name
         assert getattr(fn, MAGIC_ATTR) == getattr(fn.__wrapped__, MAGIC_ATTR), name + " lost verl's dispatch info"
     assert not [f for f in sys.meta_path if type(f).__module__.startswith("rpg")], sys.meta_path
     print("OK")

@@ -39,7 +39,7 @@ def make_worker(tiny_qwen2_dir):
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "trainer.n_gpus_per_node=1",
-    ], installs=(install.REF_LOG_PROB, install.PERIODIC_REFERENCE))  # fmt: skip
+    ], installs=(install.REF_LOG_PROB, install.WORKER_HOOKS))  # fmt: skip
 
 
 def batch(step):

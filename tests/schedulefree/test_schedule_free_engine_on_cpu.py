@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import rpg.schedule_free as sfm
+import rpg.schedule_free_worker as sfw
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn, register_policy_loss
 
 SPY_CALLS: list[torch.Tensor] = []
@@ -32,7 +33,7 @@ if "sf_spy" not in POLICY_LOSS_REGISTRY:
 BATCH, PROMPT, RESPONSE, MINI, MICRO = 4, 6, 5, 2, 1  # 2 mini-batches (optimizer steps) per RL step
 
 
-def _new_worker(model_dir: str) -> sfm.ScheduleFreeActorRolloutRefWorker:
+def _new_worker(model_dir: str) -> sfw.ScheduleFreeActorRolloutRefWorker:
     from cpu_worker import compose, one_rank_env
 
     one_rank_env()
@@ -47,7 +48,7 @@ def _new_worker(model_dir: str) -> sfm.ScheduleFreeActorRolloutRefWorker:
         "actor_rollout_ref.actor.optim.weight_decay=0.1",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
     ])
-    worker = sfm.ScheduleFreeActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
+    worker = sfw.ScheduleFreeActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
     worker.init_model()
     return worker
 

@@ -11,9 +11,11 @@ import torch
 
 import rpg.schedule_free as sfm
 
-SF = ("actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",
-      "actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree",
-      f"trainer.v1.trainer_mode={sfm.TRAINER_MODE}")  # fmt: skip
+SF = (
+    "actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",
+    "actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree",
+    f"trainer.v1.trainer_mode={sfm.TRAINER_MODE}",
+)
 
 
 def _compose(*overrides):

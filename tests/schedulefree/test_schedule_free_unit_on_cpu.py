@@ -1,14 +1,16 @@
-"""Unit tests of rpg/schedule_free.py without an engine: parameter-set switching, the trainer's validation hooks (call
+"""Unit tests of rpg/schedule_free.py (and its verl subclasses, rpg/schedule_free_trainer.py and
+rpg/schedule_free_worker.py) without an engine: parameter-set switching, the trainer's validation hooks (call
 order, with fakes for the worker group and verl's checkpoint-engine manager), trainer/worker registration and the
 config check."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 import rpg.schedule_free as sfm
+import rpg.schedule_free_trainer as sft
+import rpg.schedule_free_worker as sfw
 
 
 def _sf_model(steps: int, seed: int = 0):
@@ -167,7 +169,7 @@ class _FakeCheckpointManager:
 
 def _trainer(changes: bool):
     log = _Log()
-    trainer = object.__new__(sfm.ScheduleFreeSyncTrainer)  # hooks only: no Ray, no workers
+    trainer = object.__new__(sft.ScheduleFreeSyncTrainer)  # hooks only: no Ray, no workers
     trainer.actor_rollout_wg = _FakeWorkerGroup(log, changes)
     trainer.checkpoint_manager = _FakeCheckpointManager(log)
     trainer.global_steps = 10
@@ -193,10 +195,12 @@ def test_validation_hooks_skip_resync_when_weights_did_not_change():
 def test_trainer_is_registered_by_install_and_behaves_as_sync_trainer():
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    sfm.install()  # rpg.install runs it where RPG_INSTALL names schedule_free (tests/test_scoped_patches_on_cpu.py)
-    sfm.install()  # idempotent
-    assert sfm.installed() and get_trainer_cls(sfm.TRAINER_MODE) is sfm.ScheduleFreeSyncTrainer
-    trainer = object.__new__(sfm.ScheduleFreeSyncTrainer)
+    from rpg import install
+
+    install.install([install.SCHEDULE_FREE])  # where RPG_INSTALL names it (tests/test_scoped_patches_on_cpu.py)
+    install.install([install.SCHEDULE_FREE])  # idempotent
+    assert install.installed(install.SCHEDULE_FREE) and get_trainer_cls(sfm.TRAINER_MODE) is sft.ScheduleFreeSyncTrainer
+    trainer = object.__new__(sft.ScheduleFreeSyncTrainer)
     trainer.trainer_mode = sfm.TRAINER_MODE  # what PPOTrainer.__init__ does
     assert trainer.trainer_mode == "sync"
 
@@ -214,11 +218,11 @@ SF = ("actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",
 def test_trainer_uses_the_schedule_free_worker_class():
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    trainer = object.__new__(sfm.ScheduleFreeSyncTrainer)
+    trainer = object.__new__(sft.ScheduleFreeSyncTrainer)
     trainer.config = _compose(*SF, f"trainer.v1.trainer_mode={sfm.TRAINER_MODE}")
     trainer._init_resource_pool_mgr()
-    classes = {sfm._remote_class(c) for c in trainer.role_worker_mapping.values()}
-    assert sfm.ScheduleFreeActorRolloutRefWorker in classes and ActorRolloutRefWorker not in classes
+    classes = {sft._remote_class(c) for c in trainer.role_worker_mapping.values()}
+    assert sfw.ScheduleFreeActorRolloutRefWorker in classes and ActorRolloutRefWorker not in classes
 
 
 def test_check_config_accepts_the_recipe_combination():
