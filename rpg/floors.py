@@ -36,9 +36,14 @@ FLOORS = (
     Floor(
         "runtime",
         "verl adapters: reference modes, schedule-free, top-k hook, mismatch, DAPO's filter",
-        "rpg.reference.* rpg.schedule_free rpg.topk_hook rpg.mismatch rpg.dynamic_sampling rpg.preflight.resume_ckpt",
+        "rpg.reference.* rpg.schedule_free rpg.schedule_free_worker rpg.schedule_free_trainer rpg.topk_hook rpg.mismatch "
+        "rpg.dynamic_sampling rpg.preflight.resume_ckpt",
     ),
-    Floor("patches", "the table of verl patch points that the runtime's adapters wrap", "rpg.patches"),
+    Floor(
+        "patches",
+        "the table of verl patch points that the runtime's adapters wrap, and the micro-batch record its wrappers open",
+        "rpg.patches rpg.reference.micro_batch",
+    ),
     Floor("config", "RPGPolicyLossConfig, and the package's lazy re-export of it", "rpg rpg.loss_config"),
     Floor(
         "tables",

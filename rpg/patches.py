@@ -20,7 +20,8 @@ which ends in verl's own object.
 * `uninstall` removes a name's pieces; a point left without pieces gets verl's object back (the identical object).
 
 A registry row (``registry=True``) is a key of a verl registry (a dict): the schedule-free trainer, registered
-through verl's own trainer registry and removed again by `uninstall`; its piece returns the value.
+through verl's own trainer registry and removed again by `uninstall`; its piece names the value (``module.attribute``,
+imported at install).
 
 Apart from the table, loaded only by CPU runs (``VERL_USE_EXTERNAL_MODULES``, rpg/preflight/recipe_argv.py) and never
 undone in a process: the CPU platform's shims (`rpg.cpu.platform`: verl's ``initialize_global_process_group_ray`` and
@@ -262,9 +263,11 @@ def install(names: Iterable[str]) -> None:
             patch.set(name, piece)
 
 
-def _register(point: Point, owner: dict, name: str, piece: Callable[[], Any]) -> None:
-    """A registry row: put the piece's value under the key, marked with `name` (idempotent)."""
-    value = piece()
+def _register(point: Point, owner: dict, name: str, piece: str) -> None:
+    """A registry row: put the object the piece names (``module.attribute``, imported now) under the key, marked with
+    `name` (idempotent)."""
+    module, _, attribute = piece.rpartition(".")
+    value = getattr(importlib.import_module(module), attribute)
     if owner.get(point.attribute) is not value:
         owner[point.attribute] = value
     setattr(value, MARK, name)

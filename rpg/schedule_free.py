@@ -203,15 +203,9 @@ class ScheduleFreeIterates:
         self._saved_iterate = None
         self.use_iterate()
 
-def trainer_class() -> type:
-    """The piece of verl's trainer registry (`rpg.patches`): the class registered as `TRAINER_MODE`."""
-    from rpg.schedule_free_trainer import ScheduleFreeSyncTrainer  # imports verl's trainer: only when installed
-
-    return ScheduleFreeSyncTrainer
-
-
-#: the pieces of `rpg.patches` for ``RPG_INSTALL=schedule_free`` (registry key -> its value's maker)
-PIECES = {TRAINER_MODE: trainer_class}
+#: the pieces of `rpg.patches` for ``RPG_INSTALL=schedule_free``: registry key -> the dotted name of the class
+#: registered there (`rpg.schedule_free_trainer` imports this module and verl's trainer: named, not imported, here)
+PIECES = {TRAINER_MODE: "rpg.schedule_free_trainer.ScheduleFreeSyncTrainer"}
 
 
 def optimizer_class(optim_config: Any) -> type:
