@@ -78,6 +78,8 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
+from rpg import modes
+
 __all__ = [
     "TRAINER_MODE",
     "ITERATE",
@@ -418,9 +420,8 @@ def check_config(config: Any) -> bool:
     """
     actor = config.actor_rollout_ref.actor
     optimizer_is_sf = all(callable(getattr(optimizer_class(actor.optim), m, None)) for m in ("train", "eval"))
-    use_v1 = bool(config.trainer.get("use_v1", True))
-    mode = config.trainer.get("v1", {}).get("trainer_mode", "sync") if use_v1 else None
-    trainer_is_sf = mode == TRAINER_MODE
+    trainer = modes.trainer_mode(config)  # the trainer-mode table's row (rpg/modes.py)
+    use_v1, mode, trainer_is_sf = trainer.use_v1, trainer.name, trainer.schedule_free
     if optimizer_is_sf and not trainer_is_sf:
         raise ValueError(
             f"actor_rollout_ref.actor.optim selects a schedule-free optimizer "
@@ -429,7 +430,7 @@ def check_config(config: Any) -> bool:
             f"and trainer.v1.trainer_mode={TRAINER_MODE} (rollouts, old_log_prob and updates at y, validation and "
             f"the HF export at the average x), e.g. with OPTIM=schedulefree"
             + (f"; schedule-free has no asynchronous trainer mode, so {mode} is not possible with it"
-               if mode in ("colocate_async", "separate_async") else "")
+               if trainer.asynchronous else "")
         )
     if trainer_is_sf and not optimizer_is_sf:
         raise ValueError(

@@ -35,6 +35,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
+from rpg import modes
 from rpg.compat import SUPPORTED_VERL, marked_wrapper, require_signature, require_version
 
 __all__ = ["TopKTerms", "check", "current", "install", "installed", "request_for"]
@@ -90,7 +91,7 @@ def _settings(worker: Any) -> Any:
     settings = None
     actor = worker.config.get("actor", None) if hasattr(worker.config, "get") else None
     policy_loss = None if actor is None else actor.get("policy_loss", None)
-    if policy_loss is not None and policy_loss.get("kl_estimator", "sampled") != "sampled":
+    if policy_loss is not None and modes.estimator(policy_loss.get("kl_estimator", "sampled")).support:
         from rpg.loss_config import rpg_settings
 
         settings = rpg_settings(actor)
