@@ -1,6 +1,7 @@
 """The bases of the KL add-on (`rpg_kl_<div>`, `policy_loss.base_loss_mode`): what each one's own source publishes
 for its clip and aggregation, and the launcher's early warning when a run's clip is of the other kind
-(docs/losses.md#addon-bases). Standard library only, beside the loss table (`rpg.loss_table.ADDON_BASES`).
+(docs/losses.md#addon-bases). The one table of the bases: the loss table's `rpg.loss_table.ADDON_BASES` (the
+add-on's choices of `base_loss_mode`) is its names. Standard library only.
 
 A base's clip reads verl's `clip_ratio_low`/`clip_ratio_high` with its own meaning: a token ratio's range (PPO), a
 sequence ratio's range (GSPO: values of order 1e-4), a log-ratio bound (GMPO), a divergence threshold (DPPO). The
@@ -38,7 +39,8 @@ BASES: dict[str, BaseDefaults] = {b.name: b for b in (
                  "published, no lower bound; normalised by the batch's tokens"),
     BaseDefaults("gpg", NONE, None, "token-mean", "GPG (Chu et al. 2025, arXiv 2504.02546): no ratio, no clip"),
     BaseDefaults("sapo", NONE, None, "seq-mean-token-mean",
-                 "SAPO (arXiv 2511.20347): a soft gate (tau_pos, tau_neg) instead of a clip; verl's default aggregation"),
+                 "SAPO (arXiv 2511.20347): a soft gate (tau_pos, tau_neg) instead of a clip; verl's default "
+                 "aggregation"),
     BaseDefaults("geo_mean", LOG, (0.4, 0.4), "seq-mean-token-mean",
                  "GMPO (Zhao et al. 2025, arXiv 2507.20673): log w clipped to [−0.4, 0.4]; a geometric mean per "
                  "response (verl aggregates it itself)"),
@@ -54,7 +56,7 @@ BASES: dict[str, BaseDefaults] = {b.name: b for b in (
                  "range checked here"),
     BaseDefaults("dro", NONE, None, "token-mean",
                  "verl's DRO: a quadratic log-ratio penalty (dro_beta) instead of a clip"),
-)}  # fmt: skip
+)}
 
 
 def clip_kind(low: float, high: float) -> str:
@@ -77,7 +79,7 @@ def clip_warning(base: str, low: float, high: float) -> Optional[str]:
             f"(clip_ratio_low={low:g}, clip_ratio_high={high:g}) is of a {got}'s scale. For the base's own, pass "
             f"actor_rollout_ref.actor.clip_ratio_low={known.clip[0]:g} actor_rollout_ref.actor.clip_ratio_high="
             f"{known.clip[1]:g} actor_rollout_ref.actor.loss_agg_mode={known.loss_agg_mode} "
-            f"(docs/losses.md#addon-bases)")  # fmt: skip
+            f"(docs/losses.md#addon-bases)")
 
 
 def markdown_table() -> str:

@@ -40,6 +40,8 @@ from typing import Any, Optional
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
+from rpg import modes
+
 SAMPLER_KWARGS = ("filter_groups", "train_batch_size", "poll_interval", "max_empty_rounds")
 BOUND_KEY = "algorithm.filter_groups.max_num_gen_batches"
 NO_SIGNAL_ROUNDS = 3  # rounds of data.train_batch_size finished groups, none kept, before a step stops (one
@@ -279,7 +281,7 @@ class BoundedReplayBuffer(_BoundedDraws, ReplayBuffer):
     Built with an asynchronous `trainer_mode`, it returns a `BoundedReplayBufferAsync`."""
 
     def __new__(cls, *args, **kwargs):
-        if kwargs.get("trainer_mode", "sync") != "sync":
+        if modes.trainer_mode_named(kwargs.get("trainer_mode")).asynchronous:
             return cls.asynchronous(*args, **kwargs)
         return super().__new__(cls)
 
@@ -299,7 +301,7 @@ class BoundedReplayBufferAsync(_BoundedDraws, ReplayBufferAsync):
     """verl's `ReplayBufferAsync` (colocate_async, separate_async; refills each evicted group once), bounded."""
 
     def __init__(self, *, sampler_kwargs: Any = None, **kwargs):
-        if kwargs.get("trainer_mode") == "sync":
+        if not modes.trainer_mode_named(kwargs.get("trainer_mode")).asynchronous:
             raise ValueError(f"{type(self).__name__} is for the asynchronous trainer modes; the sync trainer uses "
                              "BoundedReplayBuffer")  # fmt: skip
         options = SamplerOptions.parse(sampler_kwargs)

@@ -47,14 +47,15 @@ FLOORS = (
     Floor("config", "RPGPolicyLossConfig, and the package's lazy re-export of it", "rpg rpg.loss_config"),
     Floor(
         "tables",
-        "loss table, RPG options, run modes, KL aggregation, add-on bases",
-        "rpg.loss_table rpg.loss_options rpg.modes rpg.kl_aggregation rpg.addon_bases",
+        "loss table, RPG options, KL aggregation, add-on bases",
+        "rpg.loss_table rpg.loss_options rpg.kl_aggregation rpg.addon_bases",
     ),
     Floor("divergences", "the divergences, the KL pieces built on them", "rpg.divergences rpg.kl_credit rpg.topk_kl"),
     Floor(
         "base",
-        "version guards, the atomic writer, reward routing, this table",
-        "rpg.compat rpg.atomic rpg.data.* rpg.floors",
+        "version guards, the atomic writer, reward routing, the run-mode table (pure data: the divergences' top-k tails "
+        "read it), this table",
+        "rpg.compat rpg.atomic rpg.data.* rpg.modes rpg.floors",
     ),
 )
 

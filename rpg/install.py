@@ -121,9 +121,7 @@ def selected(config: Any, settings: Any = None) -> tuple[str, ...]:
         settings = omega_conf_to_dataclass(OmegaConf.create(OmegaConf.to_container(policy_loss, resolve=True)))
     if hasattr(settings, "needs_ref_log_prob"):  # an RPGPolicyLossConfig (verl's own PolicyLossConfig selects none)
         chosen |= set(needed(settings))
-    use_v1 = bool(OmegaConf.select(config, "trainer.use_v1", default=True))
-    if use_v1 and OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync") == "schedule_free_sync":
-        chosen.add(SCHEDULE_FREE)
+    chosen |= set(modes.trainer_mode(config).installs)  # the trainer-mode table's row (rpg/modes.py)
     return tuple(n for n in NAMES if n in chosen)
 
 

@@ -30,13 +30,14 @@ from rpg.divergences import LOG_RATIO_GUARD, Divergence, guarded_log_ratio
 from rpg.kl_aggregation import addon_kl_agg_mode
 from rpg.kl_credit import SequenceCredit, sequence_credit
 from rpg.loss_table import LossSpec
-from rpg.losses import policy_loss_fn, reference_ratio
-from rpg.reference import step
+from rpg.losses import LossTerm, policy_loss_fn, reference_ratio
 from rpg.topk_kl import share_ratio
+from rpg.topk_loss import topk_loss, topk_metrics
 
 Tensor = torch.Tensor
 
-__all__ = ["KLTerm", "aggregate_kl", "kl_log_ratio", "kl_term", "make_addon_loss", "sampled_share"]
+__all__ = ["KLTerm", "aggregate_kl", "kl_log_ratio", "kl_term", "make_addon_loss", "ratios", "sampled_estimate",
+           "sampled_share"]
 
 
 def kl_log_ratio(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> Tensor:
@@ -49,7 +50,7 @@ def kl_log_ratio(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> Tensor
 class KLTerm(NamedTuple):
     """The per-token KL term (β included, before the rollout weights) and the detached quantities of the metrics."""
 
-    loss: Tensor  # (bs, T), exactly 0 on masked tokens
+    loss: Optional[Tensor]  # (bs, T), exactly 0 on masked tokens; None: no sampled term (`ratios`)
     mask: Tensor  # bool (bs, T): model tokens
     log_w: Tensor  # detached
     w: Tensor  # detached
@@ -87,6 +88,24 @@ def kl_term(
     return KLTerm(loss, mask, log_w.detach(), w.detach(), log_rho, rho, credit)
 
 
+def ratios(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor,
+           ref_log_prob: Optional[Tensor] = None) -> KLTerm:
+    """The detached ratios of the metrics without a sampled KL term (`loss` None): the top-k path, whose KL is the
+    top-k KL (docs/losses.md#topk-kl). Shapes (bs, T)."""
+    mask = response_mask.bool()
+    with torch.no_grad():
+        log_w = kl_log_ratio(log_prob.detach(), old_log_prob, mask)
+    log_rho, rho = reference_ratio(old_log_prob, ref_log_prob, mask)
+    return KLTerm(None, mask, log_w, torch.exp(log_w), log_rho, rho, None)
+
+
+def sampled_estimate(term: KLTerm, div: Divergence) -> Tensor:
+    """The per-token estimate of D(π_θ, π_ref) from the sampled token (`Divergence.estimate`, ≥ 0), detached, 0 on
+    masked tokens, (bs, T): `actor/rpg/kl`, and the KL the add-on regularises with kl_estimator=sampled."""
+    with torch.no_grad():
+        return torch.where(term.mask, div.estimate(term.log_w, term.w, term.log_rho, term.rho), 0.0)
+
+
 def aggregate_kl(loss_mat: Tensor, mask: Tensor, loss_agg_mode: str, batch_info: dict) -> Tensor:
     """The add-on's KL term aggregated with verl's `agg_loss` in `addon_kl_agg_mode(loss_agg_mode)`: a denominator
     that does not depend on the sampled lengths, or token-mean's (docs/losses.md#kl-aggregation)."""
@@ -95,8 +114,9 @@ def aggregate_kl(loss_mat: Tensor, mask: Tensor, loss_agg_mode: str, batch_info:
     return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=addon_kl_agg_mode(loss_agg_mode), **batch_info)
 
 
-def sampled_share(term: KLTerm, div: Divergence, beta: float, advantages: Tensor, log_prob: Tensor,
-                  old_log_prob: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
+def sampled_share(
+    term: KLTerm, div: Divergence, beta: float, advantages: Tensor, log_prob: Tensor, old_log_prob: Tensor
+) -> tuple[Tensor, Tensor]:
     """The KL share's per-token norms for the sampled KL (docs/losses.md#sampled-share). The term's logit-space
     gradient is c_t·(e_y − p) with c_t = ∂K_t/∂log π_θ(y_t|h_t) = −β·C_KL(w_t, ρ_t) (token credit; sequence credit:
     −β·P_t·C_KL + β·G_t, or −β·R_t·C_KL), 0 beyond the ±60 guard; the reward term's is A_t·(e_y − p). Same direction:
@@ -116,24 +136,30 @@ def sampled_share(term: KLTerm, div: Divergence, beta: float, advantages: Tensor
                 torch.where(term.mask, advantages.detach().to(f64).abs() * n, 0.0))
 
 
-def _metrics(term: KLTerm, div: Divergence, kl_loss: Tensor,
-             share: Optional[tuple[Tensor, Tensor]] = None) -> dict[str, float]:  # fmt: skip
+def _metrics(term: KLTerm, estimate: Tensor, kl_loss: Tensor,
+             share: Optional[tuple[Tensor, Tensor]] = None) -> dict[str, float]:
     """actor/rpg/{kl, kl_loss, ratio_mean, ratio_max, ratio_min[, kl_credit_abs][, kl_share]} over the model tokens,
-    with one device→host transfer; {} for a micro-batch without model tokens. `share`: `sampled_share`'s norms."""
+    with one device→host transfer; {} for a micro-batch without model tokens. `estimate`: `sampled_estimate`;
+    `share`: `sampled_share`'s norms. Measures only (the KL the adaptive β reads is handed over by
+    `rpg.losses.policy_loss_fn`)."""
     with torch.no_grad():
         mask, w = term.mask, term.w
         valid = mask.to(w.dtype)
-        estimate = torch.where(mask, div.estimate(term.log_w, w, term.log_rho, term.rho), 0.0)
         credit = term.credit.future if term.credit is not None and term.credit.future is not None else None
         zero = valid.new_zeros(())
-        stats = torch.stack([x.double() for x in (
-            valid.sum(), estimate.sum(), (w * valid).sum(), torch.where(mask, w, 0.0).amax(),
-            torch.where(mask, w, torch.finfo(w.dtype).max).amin(), kl_loss.detach().to(w.dtype),
+        shares = (x.sum(dtype=torch.float64) for x in share) if share is not None else (zero, zero)
+        parts = (
+            valid.sum(),
+            estimate.sum(),
+            (w * valid).sum(),
+            torch.where(mask, w, 0.0).amax(),
+            torch.where(mask, w, torch.finfo(w.dtype).max).amin(),
+            kl_loss.detach().to(w.dtype),
             (credit.abs() * valid).sum() if credit is not None else zero,
-            *((x.sum(dtype=torch.float64) for x in share) if share is not None else (zero, zero)),
-        )]).tolist()  # fmt: skip
+            *shares,
+        )
+        stats = torch.stack([x.double() for x in parts]).tolist()
     n = stats[0]
-    step.add_loss_kl(stats[1], n)  # the adaptive β's KL estimate (a no-op outside a training step)
     if n == 0:
         return {}
     out = {
@@ -157,23 +183,24 @@ def make_addon_loss(spec: LossSpec):
 
     div = spec.divergence
 
-    def term(settings: Any, config: Any, inputs: tuple, ref: Optional[torch.Tensor], beta: float):
+    def term(settings: Any, config: Any, inputs: tuple, ref: Optional[torch.Tensor], beta: float) -> LossTerm:
         old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, rollout_is_weights = inputs
         base_loss, metrics = get_policy_loss_fn(settings.base_loss_mode)(
             old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
         )
-        kl = kl_term(log_prob, old_log_prob, response_mask, div, beta, ref, settings.kl_credit)
-        extra = {}
-        if settings.topk:  # the top-k KL in place of the sampled one (docs/losses.md#topk-kl)
-            from rpg.topk_loss import topk_loss, topk_metrics
-
+        if settings.topk:  # the top-k KL is the term (docs/losses.md#topk-kl): no sampled one is built
             topk = topk_loss(settings, div, log_prob, old_log_prob, ref, response_mask, beta, advantages)
-            kl, extra = kl._replace(loss=topk.loss, credit=None), topk_metrics(topk, kl.mask)
-        share = None if settings.topk else sampled_share(kl, div, beta, advantages, log_prob, old_log_prob)
+            kl = ratios(log_prob, old_log_prob, response_mask, ref)._replace(loss=topk.loss)
+            estimate = sampled_estimate(kl, div)  # measured only: actor/rpg/kl beside actor/rpg/topk_kl
+            regularised, share, extra = topk.kl, None, topk_metrics(topk, kl.mask)
+        else:
+            kl = kl_term(log_prob, old_log_prob, response_mask, div, beta, ref, settings.kl_credit)
+            estimate = sampled_estimate(kl, div)
+            regularised, share, extra = estimate, sampled_share(kl, div, beta, advantages, log_prob, old_log_prob), {}
 
         def finish(kl_loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-            return base_loss + kl_loss, {**(metrics or {}), **_metrics(kl, div, kl_loss, share), **extra}
+            return base_loss + kl_loss, {**(metrics or {}), **_metrics(kl, estimate, kl_loss, share), **extra}
 
-        return kl.loss, kl.mask, finish
+        return LossTerm(kl.loss, kl.mask, regularised, finish)
 
     return policy_loss_fn(spec, "policy_loss.base_loss_mode, kl_coef", term, aggregate=aggregate_kl)

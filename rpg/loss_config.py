@@ -39,9 +39,8 @@ KL_RATIO = ("clipped", "raw")
 KL_PLACEMENT = ("additive", "inside_clip")
 REFERENCE_MODES = tuple(modes.REFERENCES)  # the rows of the run-mode table (rpg.modes)
 KL_CONTROLS = tuple(modes.KL_CONTROLS)
-KL_ESTIMATORS = ("sampled", "topk")  # docs/losses.md#topk-kl
-KL_TOPK_TAILS = ("sampled", "bucket")  # rpg.topk_kl.TAILS
-TOPK_OPTIONS = ("kl_topk", "kl_topk_tail")  # act only with kl_estimator='topk'
+KL_ESTIMATORS = tuple(modes.ESTIMATORS)  # docs/losses.md#topk-kl
+KL_TOPK_TAILS = tuple(modes.TOPK_TAILS)
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -76,7 +75,7 @@ class RPGPolicyLossConfig(RPGOptions, PolicyLossConfig):
         if isinstance(self.kl_topk, bool) or not isinstance(self.kl_topk, int) or self.kl_topk < 1:
             raise ValueError(
                 f"RPGPolicyLossConfig.kl_topk={self.kl_topk!r}: the top-k KL support holds k distinct token ids per "
-                "position, so k must be an integer ≥ 1 (and at most the vocabulary); the recipes' choice is 64"
+                f"position, so k must be {modes.OPTIONS['kl_topk'].valid}; the recipes' choice is 64"
             )
         modes.check_settings(self)  # every option of the reference and KL-control rows
         refused = ineffective_options(self) + topk_errors(self)
@@ -91,9 +90,15 @@ class RPGPolicyLossConfig(RPGOptions, PolicyLossConfig):
         return loss_spec(self.loss_mode)
 
     @property
+    def estimator(self) -> modes.Estimator:
+        """The row of `kl_estimator` (`rpg.modes.ESTIMATORS`)."""
+        return modes.estimator(self.kl_estimator)
+
+    @property
     def topk(self) -> bool:
-        """True when the loss's KL is the top-k KL (`kl_estimator='topk'`, docs/losses.md#topk-kl)."""
-        return self.spec is not None and self.kl_estimator == "topk"
+        """True when the loss's KL is the top-k KL (an RPG loss whose estimator row has a support,
+        docs/losses.md#topk-kl)."""
+        return self.spec is not None and self.estimator.support
 
     @property
     def needs_ref_log_prob(self) -> bool:
@@ -117,9 +122,7 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
     if ref.writes_reference:  # also for verl's own losses: it moves verl's reference model
         applies |= {"reference", *ref.option_names}
     if spec is not None:
-        applies |= {"kl_control", *ctl.option_names, "kl_estimator"}
-        if settings.kl_estimator == "topk":
-            applies |= set(TOPK_OPTIONS)
+        applies |= {"kl_control", *ctl.option_names, "kl_estimator", *settings.estimator.option_names}
     where = f"loss_mode={settings.loss_mode!r}" if spec is not None else f"verl's loss_mode={settings.loss_mode!r}"
     messages = []
     reverse = spec is not None and spec.divergence.reverse
@@ -134,9 +137,9 @@ def ineffective_options(settings: RPGPolicyLossConfig) -> list[str]:
         value = getattr(settings, name)
         if name in applies or value == default:
             continue
-        owner = modes.option_owner(name)
-        if name in TOPK_OPTIONS and spec is not None:
-            why = f"it acts only with kl_estimator='topk' (kl_estimator={settings.kl_estimator!r})"
+        owner, estimator = modes.option_owner(name), modes.estimator_option_owner(name)
+        if estimator is not None and spec is not None:
+            why = f"it acts only with kl_estimator={estimator.name!r} (kl_estimator={settings.kl_estimator!r})"
         elif owner is not None and (spec is not None or owner.setting == "reference"):
             now = getattr(settings, owner.setting)
             why = f"it acts only with {owner.setting}={owner.name!r} ({owner.setting}={now!r})"

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from rpg import modes  # the run-mode table: the mode options' defaults
+from rpg import modes  # the run-mode table: the mode and estimator options' defaults
 
 
 @dataclass
@@ -47,7 +47,7 @@ class RPGOptions:
         ref_refresh_kl: κ of the periodic reference (0 = never on a KL threshold).
         ref_kl_ema: decay per training step of the moving average of the token KL compared with κ; the average
             restarts at each refresh.
-        base_loss_mode: the verl policy loss the KL add-on `rpg_kl_<div>` runs beside (`rpg.loss_table.ADDON_BASES`;
+        base_loss_mode: the verl policy loss the KL add-on `rpg_kl_<div>` runs beside (`rpg.addon_bases.BASES`;
             docs/losses.md#kl-addon).
         kl_credit: "token" (the per-token KL at the sampled histories, every published RPG number) or "sequence" (the
             gradient of the KL between whole responses, docs/losses.md#kl-credit), for the add-on and the REINFORCE
@@ -59,8 +59,9 @@ class RPGOptions:
         kl_control: "fixed" (β = kl_coef throughout) or "adaptive" (the proportional controller of Ziegler et al. 2019,
             as verl's AdaptiveKLController: β starts at kl_coef and is updated once per training step towards
             `kl_target`; docs/losses.md#adaptive-beta).
-        kl_target: the target of the adaptive controller, in the units of the loss's own KL estimate
-            (``actor/rpg/kl``: the chosen divergence to the reference, per token); > 0 with kl_control='adaptive'.
+        kl_target: the target of the adaptive controller, in the units of the KL the loss regularises (per token:
+            ``actor/rpg/kl``, the chosen divergence to the reference, with kl_estimator='sampled'; ``actor/rpg/topk_kl``
+            with 'topk'; docs/losses.md#adaptive-beta); > 0 with kl_control='adaptive'.
         kl_horizon: H, in training steps: each step multiplies β by 1 + clip(KL/target − 1, −0.2, 0.2)/H (verl's
             horizon counts sequences: H = verl's horizon / sequences per step). A finite number > 0.2.
         kl_estimator: how the per-token KL is estimated: "sampled" (the paper's: from the one sampled token, with the
@@ -91,9 +92,9 @@ class RPGOptions:
     kl_control: str = modes.DEFAULTS["kl_control"]
     kl_target: float = modes.OPTION_DEFAULTS["kl_target"]
     kl_horizon: float = modes.OPTION_DEFAULTS["kl_horizon"]
-    kl_estimator: str = "sampled"
-    kl_topk: int = 64
-    kl_topk_tail: str = "sampled"
+    kl_estimator: str = modes.DEFAULTS["kl_estimator"]
+    kl_topk: int = modes.OPTION_DEFAULTS["kl_topk"]
+    kl_topk_tail: str = modes.OPTION_DEFAULTS["kl_topk_tail"]
 
 
 def option_defaults() -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The loss table: one row per registered RPG policy loss, built from the divergence table.
 
 Registration (`rpg.verl_plugin`), config validation (`rpg.loss_config`), the launcher's rules, `python -m rpg.launch
---list` and the README's loss table all read it. It depends only on `rpg.divergences`, so every other module can
-import it (docs/losses.md for what each family computes).
+--list` and the README's loss table all read it. It depends only on `rpg.divergences` and the table of the add-on's
+bases (`rpg.addon_bases`, standard library only), so every other module can import it (docs/losses.md for what each
+family computes).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from rpg.addon_bases import BASES
 from rpg.divergences import DIVERGENCES, Divergence
 
 #: The Hydra `_target_`s of `rpg.RPGPolicyLossConfig` (`policy_loss._target_`), the public name first. Here, not in
@@ -18,9 +20,9 @@ RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.loss_config.RPGPolicy
 
 __all__ = [
     "ADDON", "ADDON_BASES", "DUAL_CLIP", "FAMILIES", "FD", "HARDCLIP", "LOSSES", "RATIO_CLIP", "REFUSED_BASES",
-    "REINFORCE", "RPG_POLICY_LOSS_TARGETS", "VERL_CLIP_FIELDS", "Family", "LossSpec", "base_loss_error", "clip_fields", "describe_losses",
-    "is_rpg_loss", "loss_spec",
-]  # fmt: skip
+    "REINFORCE", "RPG_POLICY_LOSS_TARGETS", "VERL_CLIP_FIELDS", "Family", "LossSpec", "base_loss_error", "clip_fields",
+    "describe_losses", "is_rpg_loss", "loss_spec",
+]
 
 FD, REINFORCE, HARDCLIP, ADDON = "fd", "reinforce", "hardclip", "addon"
 DUAL_CLIP = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # ε1, ε2, c
@@ -31,13 +33,13 @@ RATIO_CLIP = ("clip_ratio_low", "clip_ratio_high")  # ε1, ε2 (no dual-clip bou
 VERL_CLIP_FIELDS = {"vanilla": DUAL_CLIP, "gspo": RATIO_CLIP, "cispo": RATIO_CLIP}
 
 # verl 0.9.1's registered losses the KL add-on (`rpg_kl_<div>`, rpg.kl_addon) runs beside, called exactly as verl calls
-# them (docs/losses.md#kl-addon), and the ones it refuses with the reason.
-ADDON_BASES = ("vanilla", "gspo", "cispo", "gpg", "sapo", "geo_mean", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "dro")
+# them (docs/losses.md#kl-addon): the rows of `rpg.addon_bases.BASES`; and the ones it refuses with the reason.
+ADDON_BASES = tuple(BASES)
 REFUSED_BASES = {
     "bypass_mode": "verl's legacy-trainer wrapper: it recomputes the rollout weights itself and the legacy trainer "
                    "rewrites loss_mode to it; with the v1 trainer set algorithm.rollout_correction.bypass_mode=True "
                    "and keep a real base such as vanilla (docs/async.md#bypass)",
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ FAMILIES: dict[str, Family] = {
         Family(REINFORCE, "RPG-REINFORCE-{DIV}",
                "Algorithm 2: `−SG(w·A + C_KL)·log π` with RPG-Style Clip, branching on `A' = A + C_KL/w`, `C_KL` at "
                "the clipped ratio (Remark F.2), flat branches without gradient",
-               ("branch_on", "kl_ratio", "kl_credit"), DUAL_CLIP, "`rpg_rf_{div}_clip_ppo` (never reached in their code)"),
+               ("branch_on", "kl_ratio", "kl_credit"), DUAL_CLIP,
+               "`rpg_rf_{div}_clip_ppo` (never reached in their code)"),
         Family(HARDCLIP, "— (the authors' `rkl1e-4_rf` script)",
                "`−SG(w̄·A + C_KL(w̄))·log π` on every token: truncated importance weight both ways, no dual clip",
                ("kl_ratio", "kl_credit"), RATIO_CLIP, "`rpg_rf_{div}`, `rpg_rf_{div}_clip_hard`"),
@@ -71,7 +74,7 @@ FAMILIES: dict[str, Family] = {
                "ratio; `kl_credit=sequence` for the sequence-level KL",
                ("base_loss_mode", "kl_credit"), (), "— (their KL exists only inside their own losses)"),
     )
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ LOSSES: dict[str, LossSpec] = {
                          "importance weight it omits (URKL surrogate with ρ = π_ref/π_old)",
              authors="— (their GRPO uses verl's `low_var_kl`)"),
     )
-}  # fmt: skip
+}
 
 
 def loss_spec(loss_mode: str) -> Optional[LossSpec]:
@@ -174,14 +177,15 @@ def describe_losses(markdown: bool = False) -> str:
         for s in LOSSES.values():
             clip = ",".join(_CLIP_SYMBOLS[f] for f in s.clip_fields) or "base's"
             lines.append(f"{s.name:30} {s.family:9} {s.divergence.name:5} {'needed' if s.needs_reference else '-':9} "
-                         f"{clip:9} {', '.join(s.options)}")  # fmt: skip
+                         f"{clip:9} {', '.join(s.options)}")
         return "\n".join(lines) + "\n"
     groups: dict[tuple, list[LossSpec]] = {}
     for s in LOSSES.values():
         key = (s.family, s.needs_reference, s.options, s.clip_fields, s.description)
         groups.setdefault(key, []).append(s)
     lines = [
-        "| loss_mode | paper row | what it is | options (all: `kl_coef`, `reference`, `kl_estimator` with `kl_topk`, `kl_topk_tail`) | clip | reference model "
+        "| loss_mode | paper row | what it is | options (all: `kl_coef`, `reference`, `kl_estimator` with `kl_topk`, "
+        "`kl_topk_tail`) | clip | reference model "
         "| authors' `kl_loss_type` |",
         "|---|---|---|---|---|---|---|",
     ]

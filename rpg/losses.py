@@ -56,9 +56,23 @@ from rpg.reference import adapter, step
 from rpg.divergences import LOG_RATIO_GUARD, Divergence, guarded_log_ratio, scaled_ratio
 from rpg.kl_credit import credited_kl_adv, credited_kl_weight, sequence_credit
 from rpg.loss_table import (  # noqa: F401  (re-exported: rpg.launch and the tests import them from here)
-    ADDON, DUAL_CLIP, FAMILIES, FD, HARDCLIP, LOSSES, RATIO_CLIP, REINFORCE, VERL_CLIP_FIELDS, Family, LossSpec,
-    clip_fields, describe_losses, is_rpg_loss, loss_spec,
-)  # fmt: skip
+    ADDON,
+    DUAL_CLIP,
+    FAMILIES,
+    FD,
+    HARDCLIP,
+    LOSSES,
+    RATIO_CLIP,
+    REINFORCE,
+    VERL_CLIP_FIELDS,
+    Family,
+    LossSpec,
+    clip_fields,
+    describe_losses,
+    is_rpg_loss,
+    loss_spec,
+)
+from rpg.topk_loss import topk_loss, topk_metrics
 
 if TYPE_CHECKING:  # verl's config classes; the tensor math above the verl wiring imports without verl (a GPU check)
     from rpg.loss_config import RPGPolicyLossConfig
@@ -198,12 +212,10 @@ def rpg_fully_differentiable(
     adv = torch.where(mask, advantages.detach(), 0.0)
     clamp = kl_clamp if kl_clamp is not None and div.authors_clamp else None
     if kl_placement == "additive":
-        regulariser = div.surrogate(log_w, w, log_rho, rho)
-        if clamp is not None:
-            regulariser = regulariser.clamp(-clamp, clamp)
         branches = dual_clip_branch(w_detached, adv >= 0, clip)
         # exactly 0 on padding without a final mask: there A = 0 and D̂(w = 1, ρ = 1) = 0
-        loss = torch.addcmul(regulariser * beta, adv, clipped_ratio(w, branches, clip), value=-1.0)
+        loss = torch.addcmul(_regulariser(div, beta, clamp, log_w, w, log_rho, rho), adv,
+                             clipped_ratio(w, branches, clip), value=-1.0)
     elif kl_placement == "inside_clip":
         kl_part = div.table_adv(log_w, log_rho, beta)  # β·T/w
         if clamp is not None:  # β·clamp(T)/w: ±β·kl_clamp/w where |T| > kl_clamp
@@ -217,6 +229,40 @@ def rpg_fully_differentiable(
     else:
         raise ValueError(f"kl_placement={kl_placement!r}; choose 'additive' or 'inside_clip'")
     return TokenLoss(loss, mask, w_detached, log_w.detach(), adv, branches, log_rho, rho)
+
+
+def _regulariser(div: Divergence, beta: float, clamp: Optional[float], log_w: Tensor, w: Tensor,
+                 log_rho: Tensor | float, rho: Tensor | float) -> Tensor:
+    """β·clamp?(D̂(w, ρ)) per token, with its gradient; a 0-dim zero without building D̂ when β = 0 (kl_coef = 0, or
+    the top-k KL in its place: `rpg.topk_loss`)."""
+    if _no_kl(beta):
+        return w.new_zeros(())
+    regulariser = div.surrogate(log_w, w, log_rho, rho)
+    if clamp is not None:
+        regulariser = regulariser.clamp(-clamp, clamp)
+    return regulariser * beta
+
+
+def _no_kl(beta: Any) -> bool:
+    """β is a Python 0: the loss has no sampled KL term (kl_coef = 0, or the top-k KL replaces it)."""
+    return isinstance(beta, (int, float)) and beta == 0
+
+
+def _kl_weight(div: Divergence, log_w: Tensor, log_w_kl: Optional[Tensor], w: Tensor, w_kl: Tensor,
+               log_rho: Tensor | float, rho: Tensor | float, mask: Tensor, beta: float,
+               kl_credit: str) -> tuple[Tensor, Tensor]:
+    """(C, C/w) of Algorithm 2, detached: C = β·C_KL at (log w_k, w_k) (token credit) or the sequence credit's
+    P_t·C − β·G_t / R_t·C (`rpg.kl_credit`); C/w divides by the raw w (Alg. 2 line 14). Both 0 without building
+    C_KL when β = 0 (kl_coef = 0, or the top-k KL in its place)."""
+    if kl_credit not in ("token", "sequence"):
+        raise ValueError(f"kl_credit={kl_credit!r}; choose 'token' or 'sequence'")
+    if _no_kl(beta):
+        return torch.zeros_like(w), torch.zeros_like(w)
+    kl_c = div.kl_component(log_w if log_w_kl is None else log_w_kl, w_kl, log_rho, rho).mul_(beta)
+    if kl_credit == "sequence":
+        kl_c = credited_kl_weight(sequence_credit(div, log_w, log_rho, mask, beta), kl_c)
+        return kl_c, credited_kl_adv(kl_c, log_w, mask)
+    return kl_c, div.kl_adv(log_w, log_rho, beta, log_w_kl=log_w_kl, w=w, kl=kl_c)
 
 
 def rpg_reinforce(
@@ -259,14 +305,7 @@ def rpg_reinforce(
             log_w_kl, w_kl = None, w
         else:
             raise ValueError(f"kl_ratio={kl_ratio!r}; choose 'clipped' or 'raw'")
-        kl_c = div.kl_component(log_w if log_w_kl is None else log_w_kl, w_kl, log_rho, rho).mul_(beta)
-        if kl_credit == "sequence":
-            kl_c = credited_kl_weight(sequence_credit(div, log_w, log_rho, mask, beta), kl_c)
-            kl_adv = credited_kl_adv(kl_c, log_w, mask)
-        elif kl_credit == "token":
-            kl_adv = div.kl_adv(log_w, log_rho, beta, log_w_kl=log_w_kl, w=w, kl=kl_c)  # C/w (Alg. 2 line 14: the raw w)
-        else:
-            raise ValueError(f"kl_credit={kl_credit!r}; choose 'token' or 'sequence'")
+        kl_c, kl_adv = _kl_weight(div, log_w, log_w_kl, w, w_kl, log_rho, rho, mask, beta, kl_credit)
         if branch_on == "effective_advantage":
             positive = (adv + kl_adv) >= 0
         elif branch_on == "advantage":
@@ -290,11 +329,21 @@ def rpg_reinforce(
 # ---------------------------------------------------------------------------------------------------------------
 # verl wiring: registered functions with verl 0.9.1's PolicyLossFn signature
 # ---------------------------------------------------------------------------------------------------------------
-def metric_statistics(out: TokenLoss, div: Divergence, beta: float) -> Tensor:
+def sampled_estimate(out: TokenLoss, div: Divergence) -> Tensor:
+    """The per-token estimate of D(π_θ, π_ref) from the sampled token (`Divergence.estimate`: k3-type, ≥ 0), detached,
+    (bs, T): 0 on padding (log w = 0, w = ρ = 1 there). `actor/rpg/kl`, and the KL the loss regularises with
+    kl_estimator=sampled."""
+    with torch.no_grad():
+        return div.estimate(out.log_w, out.w, out.log_rho, out.rho)
+
+
+def metric_statistics(out: TokenLoss, div: Divergence, beta: float, estimate: Optional[Tensor] = None) -> Tensor:
     """The sufficient statistics of the dashboard metrics (`_metrics`), over the valid tokens only, as ONE float64
     vector on the loss's device (no host synchronisation), in the order of `STATISTICS`: the numbers of valid tokens
     counted from the left of BRANCHES (their differences are the five branch counts), the sums of w, log w, the KL
-    estimate, |C/w| and |A|, and the largest and smallest w."""
+    estimate (`estimate`, `sampled_estimate` if not given), |C/w| and |A|, and the largest and smallest w."""
+    if estimate is None:
+        estimate = sampled_estimate(out, div)
     with torch.no_grad():
         mask, br, w = out.mask, out.branches, out.w
         low = br.positive | br.low
@@ -305,18 +354,24 @@ def metric_statistics(out: TokenLoss, div: Divergence, beta: float) -> Tensor:
         kl_adv = out.kl_adv if out.kl_adv is not None else div.kl_adv(out.log_w, out.log_rho, beta, log_w_kl=None, w=w)
         # padding holds log w = 0, A = 0 and a zero KL estimate (w = ρ = 1): their sums need no mask
         f64 = torch.float64  # sums of saturated float32 terms stay finite
+        kl_adv = kl_adv.mul_(valid) if out.kl_adv is None else kl_adv * valid
+        w_min = torch.add(w_valid, 1.0 - valid, alpha=torch.finfo(w.dtype).max).amin()
         sums = torch.stack([
-            w_valid.sum(dtype=f64), out.log_w.sum(dtype=f64),
-            div.estimate(out.log_w, w, out.log_rho, out.rho).sum(dtype=f64),
-            (kl_adv.mul_(valid) if out.kl_adv is None else kl_adv * valid).abs_().sum(dtype=f64),
-            out.adv.abs().sum(dtype=f64), w_valid.amax().double(),
-            torch.add(w_valid, 1.0 - valid, alpha=torch.finfo(w.dtype).max).amin().double(),
-        ])  # fmt: skip
+            w_valid.sum(dtype=f64),
+            out.log_w.sum(dtype=f64),
+            estimate.sum(dtype=f64),
+            kl_adv.abs_().sum(dtype=f64),
+            out.adv.abs().sum(dtype=f64),
+            w_valid.amax().double(),
+            w_min.double(),
+        ])
         return torch.cat([counts.double(), sums])
 
 
-STATISTICS = ("n_pos_grad", "n_pos", "n_pos_or_low", "n_not_flat_c", "n", "sum_w", "sum_log_w", "sum_kl",
-              "sum_abs_kl_adv", "sum_abs_adv", "max_w", "min_w")  # fmt: skip
+STATISTICS = (
+    "n_pos_grad", "n_pos", "n_pos_or_low", "n_not_flat_c", "n", "sum_w", "sum_log_w", "sum_kl", "sum_abs_kl_adv",
+    "sum_abs_adv", "max_w", "min_w",
+)
 
 
 def _as_float(flags: Tensor, dtype: torch.dtype) -> Tensor:
@@ -324,7 +379,7 @@ def _as_float(flags: Tensor, dtype: torch.dtype) -> Tensor:
     return flags.view(torch.uint8).to(dtype)
 
 
-def _metrics(out: TokenLoss, div: Divergence, beta: float) -> dict[str, float]:
+def _metrics(out: TokenLoss, div: Divergence, beta: float, estimate: Optional[Tensor] = None) -> dict[str, float]:
     """Dashboard metrics over the valid tokens, with ONE device→host transfer (of `metric_statistics`; verl's
     `Metric` would call `.item()` on each tensor); {} for a micro-batch without valid tokens.
 
@@ -336,25 +391,26 @@ def _metrics(out: TokenLoss, div: Divergence, beta: float) -> dict[str, float]:
     actor/rpg/ratio_{mean,max,min}
     and verl's standard actor/ppo_kl, actor/pg_clipfrac (flat branches at 1±ε), actor/pg_clipfrac_lower (at c).
     """
-    s = dict(zip(STATISTICS, metric_statistics(out, div, beta).tolist()))
+    s = dict(zip(STATISTICS, metric_statistics(out, div, beta, estimate).tolist()))
     n = s["n"]
-    step.add_loss_kl(s["sum_kl"], n)  # the adaptive β's KL estimate (a no-op outside a training step)
     if n == 0:
         return {}
     left = [0.0, s["n_pos_grad"], s["n_pos"], s["n_pos_or_low"], s["n_not_flat_c"], n]
     metrics = {f"actor/rpg/frac_{name}": (left[i + 1] - left[i]) / n for i, name in enumerate(BRANCHES)}
     kl_abs = s["sum_abs_kl_adv"] / n
-    metrics.update({
-        "actor/rpg/kl": s["sum_kl"] / n,
-        "actor/rpg/kl_adv_abs": kl_abs,
-        "actor/rpg/kl_adv_rel": kl_abs / max(s["sum_abs_adv"] / n, 1e-12),
-        "actor/rpg/ratio_mean": s["sum_w"] / n,
-        "actor/rpg/ratio_max": s["max_w"],
-        "actor/rpg/ratio_min": s["min_w"],
-        "actor/ppo_kl": -s["sum_log_w"] / n,
-        "actor/pg_clipfrac": metrics["actor/rpg/frac_pos_flat_high"] + metrics["actor/rpg/frac_neg_flat_low"],
-        "actor/pg_clipfrac_lower": metrics["actor/rpg/frac_neg_flat_c"],
-    })  # fmt: skip
+    metrics.update(
+        {
+            "actor/rpg/kl": s["sum_kl"] / n,
+            "actor/rpg/kl_adv_abs": kl_abs,
+            "actor/rpg/kl_adv_rel": kl_abs / max(s["sum_abs_adv"] / n, 1e-12),
+            "actor/rpg/ratio_mean": s["sum_w"] / n,
+            "actor/rpg/ratio_max": s["max_w"],
+            "actor/rpg/ratio_min": s["min_w"],
+            "actor/ppo_kl": -s["sum_log_w"] / n,
+            "actor/pg_clipfrac": metrics["actor/rpg/frac_pos_flat_high"] + metrics["actor/rpg/frac_neg_flat_low"],
+            "actor/pg_clipfrac_lower": metrics["actor/rpg/frac_neg_flat_c"],
+        }
+    )
     return metrics
 
 
@@ -382,8 +438,29 @@ def _agg_loss(loss_mat: Tensor, mask: Tensor, loss_agg_mode: str, batch_info: di
     return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=loss_agg_mode, **batch_info)
 
 
-def policy_loss_fn(spec: LossSpec, config_use: str, term: Callable[..., tuple[Tensor, Tensor, Callable]],
-                   aggregate: Callable[[Tensor, Tensor, str, dict], Tensor] = _agg_loss):  # fmt: skip
+class LossTerm(NamedTuple):
+    """What the part of a loss that differs between the RPG losses and the KL add-on hands `policy_loss_fn`."""
+
+    loss: Tensor  # (bs, T) per-token loss, before the rollout weights and the aggregation
+    mask: Tensor  # bool (bs, T): the valid tokens
+    kl: Tensor  # (bs, T) detached per-token KL the loss regularises, 0 on masked tokens: what the adaptive β tracks
+    finish: Callable[[Tensor], tuple[Tensor, dict[str, Any]]]  # aggregated loss -> (loss, metrics)
+
+
+def hand_kl_to_step(kl: Tensor, mask: Tensor) -> None:
+    """(Σ KL, #tokens) of the KL the loss regularises (`LossTerm.kl`), as one float64 tensor on the loss's device (no
+    host synchronisation), to the training step when it measures it: the adaptive β's input
+    (`rpg.reference.adaptive_kl`, docs/losses.md#adaptive-beta). Nothing outside such a step."""
+    if step.measures_loss_kl():
+        step.add_loss_kl(torch.stack([kl.sum(dtype=torch.float64), mask.sum(dtype=torch.float64)]))
+
+
+def policy_loss_fn(
+    spec: LossSpec,
+    config_use: str,
+    term: Callable[..., LossTerm],
+    aggregate: Callable[[Tensor, Tensor, str, dict], Tensor] = _agg_loss,
+):
     """verl's `PolicyLossFn` of one loss-table row around `term`, the part that differs between the RPG losses and
     the KL add-on.
 
@@ -391,11 +468,12 @@ def policy_loss_fn(spec: LossSpec, config_use: str, term: Callable[..., tuple[Te
     loss_agg_mode, config, rollout_is_weights) -> (loss, metrics)`; `config` is verl's ActorConfig whose
     `policy_loss` is an `RPGPolicyLossConfig`. It reads the settings, the reference log-probs (`_ref_log_prob`) and
     β (`rpg.reference.step.kl_coef`: kl_coef, or the adaptive β of this training step), calls
-    `term(settings, config, inputs, ref, beta) -> (per-token loss, mask, finish)` with `inputs` the first five
-    arguments and `rollout_is_weights`, multiplies the per-token loss by `rollout_is_weights` (verl's TIS correction
-    of the rollout/π_old mismatch, as in verl's vanilla loss) on the mask, aggregates it over the global batch with
-    `aggregate(loss, mask, loss_agg_mode, global_batch_info)` (verl's `agg_loss` in the run's mode; the add-on's KL:
-    a length-independent denominator, `rpg.kl_addon.aggregate_kl`) and returns `finish(aggregated loss)`.
+    `term(settings, config, inputs, ref, beta) -> LossTerm` with `inputs` the first five arguments and
+    `rollout_is_weights`, hands the KL the term regularises to the training step once (`hand_kl_to_step`: the
+    adaptive β's input; the metrics only measure), multiplies the per-token loss by `rollout_is_weights` (verl's TIS
+    correction of the rollout/π_old mismatch, as in verl's vanilla loss) on the mask, aggregates it over the global
+    batch with `aggregate(loss, mask, loss_agg_mode, global_batch_info)` (verl's `agg_loss` in the run's mode; the
+    add-on's KL: `rpg.kl_addon.aggregate_kl`) and returns `finish(aggregated loss)`.
     """
 
     def policy_loss(
@@ -409,12 +487,11 @@ def policy_loss_fn(spec: LossSpec, config_use: str, term: Callable[..., tuple[Te
     ) -> tuple[Tensor, dict[str, Any]]:
         if config is None:
             raise ValueError(f"{spec.name} needs verl's actor config ({config_use})")
-        from rpg.loss_config import rpg_settings
-
-        settings = rpg_settings(config)
+        settings = _settings(config)
         inputs = (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, rollout_is_weights)
-        loss_mat, mask, finish = term(settings, config, inputs, _ref_log_prob(settings, spec.name),
-                                      step.kl_coef(settings))  # fmt: skip
+        ref, beta = _ref_log_prob(settings, spec.name), step.kl_coef(settings)
+        loss_mat, mask, kl, finish = term(settings, config, inputs, ref, beta)
+        hand_kl_to_step(kl, mask)
         if rollout_is_weights is not None:
             loss_mat = loss_mat * torch.where(mask, rollout_is_weights, 0.0)
         batch_info = config.get("global_batch_info", None) or {}
@@ -425,6 +502,20 @@ def policy_loss_fn(spec: LossSpec, config_use: str, term: Callable[..., tuple[Te
     return policy_loss
 
 
+def _settings(config: Any) -> RPGPolicyLossConfig:
+    """The `RPGPolicyLossConfig` of verl's actor config (`rpg.loss_config.rpg_settings`)."""
+    from rpg.loss_config import rpg_settings  # imports verl's config classes: the tensor math above imports without
+
+    return rpg_settings(config)
+
+
+def _clip(config: Any, spec: LossSpec) -> ClipParams:
+    """(ε1, ε2, c) of verl's actor fields, the ones `spec` reads validated (`rpg.loss_config.clip_settings`)."""
+    from rpg.loss_config import clip_settings  # imports verl's config classes: the tensor math above imports without
+
+    return ClipParams(*clip_settings(config, spec.clip_fields, spec.name))
+
+
 def make_policy_loss(spec: LossSpec):
     """Build the verl `PolicyLossFn` of one RPG row of the loss table (`policy_loss_fn`): the clip fields the row
     reads are validated at each call; the per-token loss of its family. One device→host transfer per call (the
@@ -433,29 +524,25 @@ def make_policy_loss(spec: LossSpec):
 
     def term(settings: RPGPolicyLossConfig, config: Any, inputs: tuple, ref: Optional[Tensor], beta: float):
         old_log_prob, log_prob, advantages, response_mask = inputs[:4]
-        from rpg.loss_config import clip_settings
-
-        clip = ClipParams(*clip_settings(config, spec.clip_fields, spec.name))
-        topk = settings.topk  # the top-k KL replaces the sampled regulariser: the reward part runs with β = 0
+        clip = _clip(config, spec)
+        topk = settings.topk  # the top-k KL replaces the sampled regulariser: the reward part has no KL term (β = 0)
         reward_beta = 0.0 if topk else beta
+        family_inputs = (log_prob, old_log_prob, advantages, response_mask, div, reward_beta, clip)
         if spec.family == FD:
-            out = rpg_fully_differentiable(
-                log_prob, old_log_prob, advantages, response_mask, div, reward_beta, clip,
-                kl_clamp=settings.kl_clamp, kl_placement=settings.kl_placement, ref_log_prob=ref,
-            )  # fmt: skip
+            options = dict(kl_clamp=settings.kl_clamp, kl_placement=settings.kl_placement)
+            out = rpg_fully_differentiable(*family_inputs, ref_log_prob=ref, **options)
         else:
-            out = rpg_reinforce(
-                log_prob, old_log_prob, advantages, response_mask, div, reward_beta, clip,
-                branch_on=settings.branch_on, kl_ratio=settings.kl_ratio, hard_clip=spec.family == HARDCLIP,
-                ref_log_prob=ref, kl_credit=settings.kl_credit,
-            )  # fmt: skip
+            options = dict(branch_on=settings.branch_on, kl_ratio=settings.kl_ratio, kl_credit=settings.kl_credit)
+            out = rpg_reinforce(*family_inputs, hard_clip=spec.family == HARDCLIP, ref_log_prob=ref, **options)
+        estimate = sampled_estimate(out, div)  # actor/rpg/kl; the regularised KL of kl_estimator=sampled
         if not topk:
-            return out.loss, out.mask, lambda loss: (loss, _metrics(out, div, beta))
-        from rpg.topk_loss import topk_loss, topk_metrics
-
+            return LossTerm(out.loss, out.mask, estimate, lambda loss: (loss, _metrics(out, div, beta, estimate)))
         kl = topk_loss(settings, div, log_prob, old_log_prob, ref, response_mask, beta, advantages)
-        out.kl_adv = torch.zeros_like(out.w)  # no KL in the advantage: it sits outside the clip
-        return out.loss + kl.loss, out.mask, lambda loss: (loss, {**_metrics(out, div, beta),
-                                                                  **topk_metrics(kl, out.mask)})  # fmt: skip
+
+        def finish(loss: Tensor) -> tuple[Tensor, dict[str, Any]]:
+            # the reward part's C/w is 0 (β = 0): actor/rpg/kl_adv_abs reads 0, the KL sits outside the clip
+            return loss, {**_metrics(out, div, reward_beta, estimate), **topk_metrics(kl, out.mask)}
+
+        return LossTerm(out.loss + kl.loss, out.mask, kl.kl, finish)
 
     return policy_loss_fn(spec, "clip ratios, policy_loss settings", term)

@@ -53,7 +53,7 @@ MARK = "__rpg_patch__"
 
 # ---- the names of RPG_INSTALL ------------------------------------------------------------------------------------
 REF_LOG_PROB, WORKER_HOOKS = modes.REF_LOG_PROB, modes.WORKER_HOOKS  # the names a run mode may need (rpg.modes)
-SCHEDULE_FREE, MISMATCH_SHARE, TOPK_KL = "schedule_free", "mismatch_share", "topk_kl"
+SCHEDULE_FREE, MISMATCH_SHARE, TOPK_KL = modes.SCHEDULE_FREE, "mismatch_share", "topk_kl"
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ WORKER_DATA = ("self", "data")
 SAVE = ("self", "local_path", "hdfs_path", "global_step", "max_ckpt_to_keep")
 LOAD = ("self", "local_path", "hdfs_path", "del_local_after_load")
 MODEL_OUTPUTS = ("self", "output", "output_args", "micro_batch", "logits_processor_func")
-SCHEDULE_FREE_TRAINER = "schedule_free_sync"  # = rpg.schedule_free.TRAINER_MODE (tests/test_patches_on_cpu.py)
+SCHEDULE_FREE_TRAINER = modes.SCHEDULE_FREE_TRAINER.name  # the trainer-mode row rpg.schedule_free registers
 
 POINTS = (
     # verl's actor loss, where a registered policy loss runs: the reference log-probs and the top-k terms

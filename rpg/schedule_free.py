@@ -79,6 +79,8 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from rpg import modes
+
 __all__ = [
     "TRAINER_MODE",
     "ITERATE",
@@ -91,7 +93,7 @@ __all__ = [
     "check_resume",
 ]
 
-TRAINER_MODE = "schedule_free_sync"
+TRAINER_MODE = modes.SCHEDULE_FREE_TRAINER.name  # "schedule_free_sync": its row of the trainer-mode table
 ITERATE = "iterate"  # y: train mode — gradients, rollouts, old_log_prob, training checkpoints
 AVERAGE = "average"  # x: eval mode — validation and the HF export
 WEIGHT_SETS = (ITERATE, AVERAGE)
@@ -305,9 +307,8 @@ def check_config(config: Any) -> bool:
     """
     actor = config.actor_rollout_ref.actor
     optimizer_is_sf = all(callable(getattr(optimizer_class(actor.optim), m, None)) for m in ("train", "eval"))
-    use_v1 = bool(config.trainer.get("use_v1", True))
-    mode = config.trainer.get("v1", {}).get("trainer_mode", "sync") if use_v1 else None
-    trainer_is_sf = mode == TRAINER_MODE
+    trainer = modes.trainer_mode(config)  # the trainer-mode table's row (rpg/modes.py)
+    use_v1, mode, trainer_is_sf = trainer.use_v1, trainer.name, trainer.schedule_free
     if optimizer_is_sf and not trainer_is_sf:
         raise ValueError(
             f"actor_rollout_ref.actor.optim selects a schedule-free optimizer "
@@ -316,7 +317,7 @@ def check_config(config: Any) -> bool:
             f"and trainer.v1.trainer_mode={TRAINER_MODE} (rollouts, old_log_prob and updates at y, validation and "
             f"the HF export at the average x), e.g. with OPTIM=schedulefree"
             + (f"; schedule-free has no asynchronous trainer mode, so {mode} is not possible with it"
-               if mode in ("colocate_async", "separate_async") else "")
+               if trainer.asynchronous else "")
         )
     if trainer_is_sf and not optimizer_is_sf:
         raise ValueError(

@@ -68,9 +68,7 @@ def smoke_rollout(environ=os.environ) -> str:
 
 
 def uses_schedule_free(config) -> bool:
-    from rpg.schedule_free import TRAINER_MODE
-
-    return bool(config.trainer.get("use_v1", True)) and config.trainer.v1.get("trainer_mode", "sync") == TRAINER_MODE
+    return modes.trainer_mode(config).schedule_free
 
 
 @dataclasses.dataclass(frozen=True)

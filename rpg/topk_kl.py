@@ -27,13 +27,14 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from rpg import modes
 from rpg.divergences import LOG_RATIO_GUARD, guarded_log_ratio
 from rpg.kl_credit import exclusive_prefix_sum, exclusive_suffix_sum
 
 Tensor = torch.Tensor
 
 DIRECTIONS = ("reverse", "forward")
-TAILS = ("bucket", "sampled")
+TAILS = tuple(modes.TOPK_TAILS)  # the rows of rpg.modes (policy_loss.kl_topk_tail)
 DEFAULT_CHUNK_TOKENS = 1024  # rows of (chunk, V) fp32 at a time: 0.6 GB at V = 152k
 
 __all__ = [
@@ -249,7 +250,7 @@ def topk_kl(
     else:
         ratio, _ = _guarded(log_q_s - log_p_s)
         kl = (q_s * ratio).sum(-1)
-    if tail == "bucket" and k < vocab:
+    if modes.topk_tail(tail).in_logits and k < vocab:
         p_t, q_t = _tail_mass(log_p_s), _tail_mass(log_q_s)
         if direction == "reverse":
             kl = kl + p_t * _guarded(_safe_log(p_t) - _safe_log(q_t))[0]
@@ -335,7 +336,7 @@ def share_moments(terms: TopKKL) -> ShareMoments:
         a = p * (ratio + ok.to(f64))
     else:  # a_v = ∂[q_v·log(q_v/p_v)]/∂log p_v
         a = -q * _guarded(lq - lp)[1].to(f64)
-    if terms.tail == "bucket" and terms.has_tail:  # d_T = dB/dp_T, through p_T = 1 − Σ_S p: a_v −= d_T·p_v
+    if modes.topk_tail(terms.tail).in_logits and terms.has_tail:  # d_T = dB/dp_T through p_T = 1 − Σ_S p: a_v −= d_T·p_v
         p_t_raw = 1.0 - p.sum(-1)
         p_t, q_t = p_t_raw.clamp(min=0.0), _tail_mass(lq)
         tiny = torch.finfo(f64).tiny
@@ -389,7 +390,7 @@ def kl_share_from_moments(
     py = lpy.exp()
     outside = ~token_in_support.reshape(-1).bool()
     s = torch.zeros_like(py)
-    if tail == "sampled":
+    if modes.topk_tail(tail).in_loss:
         if old_log_prob is None:
             raise ValueError("kl_share with tail='sampled' needs old_log_prob (log μ_y) for the tail's coefficient")
         old = old_log_prob.reshape(-1).to(f64)

@@ -19,7 +19,9 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
+from rpg import modes
 from rpg.divergences import Divergence, guarded_log_ratio
+from rpg.topk_hook import current
 from rpg.topk_kl import KLShare, kl_share_from_moments, sampled_tail, sequence_credited, share_ratio
 
 Tensor = torch.Tensor
@@ -39,11 +41,9 @@ def direction(div: Divergence) -> str:
 
 
 def topk_loss(settings: Any, div: Divergence, log_prob: Tensor, old_log_prob: Tensor, ref_log_prob: Optional[Tensor],
-              response_mask: Tensor, beta: float, advantages: Tensor) -> TopKLoss:  # fmt: skip
+              response_mask: Tensor, beta: float, advantages: Tensor) -> TopKLoss:
     """β·K per token of the current micro-batch (module docstring), and the KL share's per-token norms
     (`rpg.topk_kl.kl_share`, closed form, no second backward). Shapes (bs, T)."""
-    from rpg.topk_hook import current
-
     terms = current()
     if terms is None:
         raise RuntimeError(
@@ -56,7 +56,7 @@ def topk_loss(settings: Any, div: Divergence, log_prob: Tensor, old_log_prob: Te
     if terms.kl.shape != log_prob.shape:
         raise RuntimeError(f"top-k KL of shape {tuple(terms.kl.shape)} for log-probs of shape {tuple(log_prob.shape)}")
     kl = torch.where(mask, terms.kl.to(log_prob.dtype), 0.0)
-    if settings.kl_topk_tail == "sampled":
+    if modes.topk_tail(settings.kl_topk_tail).in_loss:
         kl = kl + sampled_tail(log_prob, old_log_prob, ref_log_prob, terms.in_support, mask, way)
     if settings.kl_credit == "sequence":
         log_w = guarded_log_ratio(log_prob, old_log_prob.detach(), mask)
@@ -67,7 +67,7 @@ def topk_loss(settings: Any, div: Divergence, log_prob: Tensor, old_log_prob: Te
     share = None
     if terms.moments is not None:
         share = kl_share_from_moments(terms.moments, way, settings.kl_topk_tail, beta, advantages, log_prob.detach(),
-                                      terms.in_support, mask, old_log_prob, ref_log_prob)  # fmt: skip
+                                      terms.in_support, mask, old_log_prob, ref_log_prob)
     return TopKLoss(loss, kl.detach(), share)
 
 
@@ -82,7 +82,7 @@ def topk_metrics(term: TopKLoss, mask: Tensor) -> dict[str, float]:
         zero = torch.zeros((), dtype=f64, device=m.device)
         kl_norm, adv_norm = (x.sum(dtype=f64) for x in term.share) if term.share is not None else (zero, zero)
         n, total, kl_sum, adv_sum = torch.stack([m.sum(dtype=f64), torch.where(m, term.kl, 0.0).sum(dtype=f64),
-                                                 kl_norm, adv_norm]).tolist()  # fmt: skip
+                                                 kl_norm, adv_norm]).tolist()
     if n == 0:
         return {}
     out = {"actor/rpg/topk_kl": total / n}

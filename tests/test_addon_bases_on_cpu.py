@@ -14,8 +14,22 @@ from rpg.loss_table import ADDON_BASES
 DOC = Path(__file__).resolve().parents[1] / "docs" / "losses.md"
 
 
+def test_one_table_of_bases():
+    """The add-on's choices of base_loss_mode are the names of addon_bases.BASES, not a second list: no literal
+    collection of base names in rpg/loss_table.py (the former ADDON_BASES tuple fails this)."""
+    import ast
+
+    from rpg import loss_table
+
+    assert ADDON_BASES == tuple(addon_bases.BASES)
+    source = (Path(loss_table.__file__)).read_text()
+    literals = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Tuple, ast.List, ast.Set))
+                and len({e.value for e in n.elts if isinstance(e, ast.Constant)} & set(addon_bases.BASES)) > 1]
+    assert literals == [], [ast.unparse(n) for n in literals]
+    assert loss_table.base_loss_error("vanilla") is None and "not a base" in loss_table.base_loss_error("nope")
+
+
 def test_one_row_per_base_and_the_doc_is_the_table():
-    assert tuple(addon_bases.BASES) == ADDON_BASES
     for base in addon_bases.BASES.values():
         assert base.loss_agg_mode in (*APPROXIMATE_MODES, *EXACT_MODES, *INEXACT_MODES), base
         assert (base.clip is None) or base.clips in (addon_bases.TOKEN, addon_bases.SEQUENCE, addon_bases.LOG)

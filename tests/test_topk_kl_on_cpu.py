@@ -196,7 +196,7 @@ def test_k_above_the_vocabulary_and_unknown_options_are_refused():
     sup = tk.select_support(logits, 2)
     with pytest.raises(ValueError, match=r"direction='both'; choose one of \('reverse', 'forward'\)"):
         tk.topk_kl(logits, sup, "both", "bucket")
-    with pytest.raises(ValueError, match=r"tail='none'; choose one of \('bucket', 'sampled'\)"):
+    with pytest.raises(ValueError, match=r"tail='none'; choose one of \('sampled', 'bucket'\)"):
         tk.topk_kl(logits, sup, "reverse", "none")
     with pytest.raises(ValueError, match=r"support width k=7"):
         tk.topk_kl(logits, tk.Support(torch.zeros(3, 7, dtype=torch.int32), torch.zeros(3, 7)), "reverse", "bucket")

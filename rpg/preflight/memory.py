@@ -58,6 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from rpg import modes
+
 GIB = float(1 << 30)
 DEFAULT_BUDGET_GIB = 80.0
 BUDGET_ENV = "GPU_MEMORY_GIB"
@@ -561,7 +563,7 @@ def settings_from_config(config: Any, flash_ce: Optional[bool] = None) -> Settin
 
 def topk_width(policy_loss: Any) -> int:
     """k of the top-k KL's support a policy-loss config selects (`kl_estimator=topk`; default k 64), else 0."""
-    if str(policy_loss.get("kl_estimator", "sampled")) != "topk":
+    if not modes.estimator(str(policy_loss.get("kl_estimator", "sampled"))).support:
         return 0
     return int(policy_loss.get("kl_topk", 64))
 

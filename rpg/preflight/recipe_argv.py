@@ -170,9 +170,7 @@ class KnobError(ValueError):
 #: Knobs with a fixed set of values: name -> {value: Hydra overrides} (the default's: none, the config's default).
 CHOICES: Dict[str, Dict[str, List[str]]] = {
     "OLD_LOGPROB": {"recompute": [], "rollout": ["algorithm.rollout_correction.bypass_mode=True"]},
-    "TRAINER_MODE": {
-        m: [] if m == "sync" else [f"trainer.v1.trainer_mode={m}"] for m in ("sync", "colocate_async", "separate_async")
-    },
+    "TRAINER_MODE": {m.name: list(m.overrides) for m in modes.TRAINER_MODES.values() if m.knob},
     "RPG_PROFILE": {"gpu": [], "cpu": []},
     "OPTIM": {"adamw": [], "schedulefree": []},
 }
@@ -282,7 +280,7 @@ def late_overrides(env: Dict[str, str], args: List[str]) -> List[str]:
             )
         out.append(f"data.apply_chat_template_kwargs.enable_thinking={env['THINKING']}")
     mode = _choice(env, "TRAINER_MODE")
-    if env.get("TRAINER_MODE") and (mode != "sync" or _last(args, "trainer.v1.trainer_mode")):
+    if env.get("TRAINER_MODE") and (modes.TRAINER_MODES[mode].overrides or _last(args, "trainer.v1.trainer_mode")):
         out.append(f"trainer.v1.trainer_mode={mode}")
     for row in MODE_KNOBS:  # a mode's own knobs, for the scripts that select the mode
         key, value = row.key, row.name
@@ -516,11 +514,11 @@ def command(spec: dict, env: Dict[str, str]) -> Tuple[List[str], Dict[str, str],
     profile = _last(choices + args, "profile") or "gpu"
     optim = _last(choices + args, "optim") or "adamw"
     mode = _choice(env, "TRAINER_MODE")
-    if mode != "sync" and env.get("TRAINER_MODE") and optim == "schedulefree":
+    if modes.TRAINER_MODES[mode].asynchronous and env.get("TRAINER_MODE") and optim == "schedulefree":
         raise KnobError(
             f"TRAINER_MODE='{mode}' with OPTIM=schedulefree: schedule-free AdamW runs in its own synchronous trainer "
-            f"mode (schedule_free_sync), and there is no asynchronous one. Fix: unset TRAINER_MODE (sync), or use "
-            f"OPTIM=adamw for {mode}"
+            f"mode ({modes.SCHEDULE_FREE_TRAINER.name}), and there is no asynchronous one. Fix: unset TRAINER_MODE "
+            f"(sync), or use OPTIM=adamw for {mode}"
         )
     overrides, new_env, python, job_env = env_overrides(env, repo, spec["script"]), {}, None, []
     if profile == "cpu":

@@ -120,13 +120,12 @@ def _rule_fsdp2_for_tested_features(config: DictConfig) -> Optional[str]:
     if modes.selected(arr.actor.policy_loss)[0].writes_reference:
         features.append(f"policy_loss.reference={arr.actor.policy_loss.reference}")
     optim = arr.actor.get("optim", None) or {}
-    trainer_mode = (config.trainer.get("v1", None) or {}).get("trainer_mode", None)
-    if "schedulefree" in str(optim.get("optimizer_impl", "")).lower() or trainer_mode == "schedule_free_sync":
+    if "schedulefree" in str(optim.get("optimizer_impl", "")).lower() or modes.trainer_mode(config).schedule_free:
         features.append("schedule-free AdamW (OPTIM=schedulefree)")
     if not features:
         return None
     fsdp1 = [f"actor_rollout_ref.{role}.strategy=fsdp" for role in ("actor", "ref")
-             if str(arr[role].get("strategy", "")) == "fsdp"]  # fmt: skip
+             if str(arr[role].get("strategy", "")) == "fsdp"]
     if not fsdp1:
         return None
     return (
@@ -136,26 +135,17 @@ def _rule_fsdp2_for_tested_features(config: DictConfig) -> Optional[str]:
     )
 
 
-ASYNC_MODES = ("colocate_async", "separate_async")
-
-
-def _trainer_mode(config: DictConfig) -> str:
-    """verl's v1 trainer mode (`trainer.v1.trainer_mode`, recipe knob TRAINER_MODE); 'legacy' with use_v1=False."""
-    if not config.trainer.get("use_v1", True):
-        return "legacy"
-    return str((config.trainer.get("v1", None) or {}).get("trainer_mode", "sync"))
-
-
 def _rule_separate_async(config: DictConfig) -> Optional[str]:
     """verl's separate_async asserts inside its trainer (a Ray actor) what is checked here before launch: a rollout
     pool of its own, a checkpoint engine other than `naive`, one weight sync per `parameter_sync_step` mini-batches;
     and on CPU no checkpoint engine runs at all (docs/async.md#knobs)."""
-    if _trainer_mode(config) != "separate_async":
+    mode = modes.trainer_mode(config)  # the trainer-mode table's row (rpg/modes.py)
+    if not mode.detached_actor:
         return None
     if str(config.trainer.get("device", "cuda")) == "cpu":
         return (
-            "trainer.v1.trainer_mode=separate_async (recipe knob TRAINER_MODE) with the CPU profile: no checkpoint "
-            "engine runs on CPU: verl registers only `naive`, which separate_async refuses; nccl/nixl/mooncake/kimi/"
+            f"trainer.v1.trainer_mode={mode.name} (recipe knob TRAINER_MODE) with the CPU profile: no checkpoint "
+            f"engine runs on CPU: verl registers only `naive`, which {mode.name} refuses; nccl/nixl/mooncake/kimi/"
             "delta_sharded need cupy or GPU libraries. The nearest working configuration is TRAINER_MODE="
             "colocate_async (docs/async.md#knobs)"
         )
@@ -171,27 +161,27 @@ def _rule_separate_async(config: DictConfig) -> Optional[str]:
             f"rollout needs nccl, nixl, mooncake, ...)"
         )
     batch, mini = int(config.data.train_batch_size), int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
-    sync_step = int(config.trainer.v1.separate_async.parameter_sync_step)
+    sync_step = int(config.trainer.v1[mode.name].parameter_sync_step)
     if batch != sync_step * mini:
         problems.append(
-            f"data.train_batch_size={batch} must equal trainer.v1.separate_async.parameter_sync_step={sync_step} × "
+            f"data.train_batch_size={batch} must equal trainer.v1.{mode.name}.parameter_sync_step={sync_step} × "
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}"
         )
     if not problems:
         return None
-    return "trainer.v1.trainer_mode=separate_async (recipe knob TRAINER_MODE) needs: " + "; ".join(problems)
+    return f"trainer.v1.trainer_mode={mode.name} (recipe knob TRAINER_MODE) needs: " + "; ".join(problems)
 
 
 def async_correction_warning(config: DictConfig) -> Optional[str]:
     """A warning line for an asynchronous trainer mode without TIS weights (decoupled mode, `rollout_is` unset): the
     stale samples are used as if π_old had drawn them (docs/async.md#no-correction); None otherwise."""
-    mode = _trainer_mode(config)
+    mode = modes.trainer_mode(config)  # the trainer-mode table's row (rpg/modes.py)
     corr = config.algorithm.get("rollout_correction", None) or {}
-    if mode not in ASYNC_MODES or corr.get("bypass_mode", False) or corr.get("rollout_is", None) is not None:
+    if not mode.asynchronous or corr.get("bypass_mode", False) or corr.get("rollout_is", None) is not None:
         return None
     return (
-        f"[rpg] warning: trainer.v1.trainer_mode={mode} without algorithm.rollout_correction.rollout_is: stale samples "
-        f"are used as if π_old had drawn them, the uncorrected, biased case (docs/async.md#no-correction); "
+        f"[rpg] warning: trainer.v1.trainer_mode={mode.name} without algorithm.rollout_correction.rollout_is: stale "
+        f"samples are used as if π_old had drawn them, the uncorrected, biased case (docs/async.md#no-correction); "
         f"algorithm.rollout_correction.rollout_is=token adds the TIS weights"
     )
 

@@ -38,9 +38,6 @@ from rpg import modes
 TRACKER = "latest_checkpointed_iteration.txt"  # verl: checkpoint_manager.get_checkpoint_tracker_filename
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 ACTOR = "actor"
-# verl's trainer saves transfer_queue/ unless its trainer_mode is "sync"; rpg.schedule_free's trainer
-# (trainer.v1.trainer_mode=schedule_free_sync) reports "sync" to verl's base class
-SYNC_TRAINER_MODES = ("sync", "schedule_free_sync")
 RANK_FILES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}  # load_contents entry -> file prefix
 REFERENCE_STATE = "actor/rpg_reference/state.json"  # rpg.reference.periodic STATE_DIR/STATE_FILE
 REFERENCE_WEIGHTS = "actor/rpg_reference/ref_model/.metadata"  # torch.distributed.checkpoint's index file
@@ -69,7 +66,7 @@ def expected(config: Any, step_dir: Path) -> list[tuple[str, str]]:
         pieces += [(f"critic/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"critic {c} state of rank {r}")
                    for c in RANK_FILES if c in kinds for r in range(w)]  # fmt: skip
     pieces.append(("data.pt", "the data loader's state"))
-    if str(config.trainer.get("v1", {}).get("trainer_mode", "sync") or "sync") not in SYNC_TRAINER_MODES:
+    if modes.trainer_mode(config).saves_transfer_queue:  # the trainer-mode table's row (rpg/modes.py)
         pieces.append(("transfer_queue", "the asynchronous trainer's in-flight prompts"))
     reference, control = modes.selected(_policy_loss(config))  # the run-mode table's rows (rpg/modes.py)
     if reference.writes_reference:

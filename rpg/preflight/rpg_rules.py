@@ -11,16 +11,9 @@ from omegaconf import DictConfig
 
 from rpg import modes
 from rpg.kl_aggregation import rule_kl_aggregation
-from rpg.loss_table import RPG_POLICY_LOSS_TARGETS
+from rpg.loss_table import ADDON, RPG_POLICY_LOSS_TARGETS, VERL_CLIP_FIELDS, clip_fields, is_rpg_loss
 from rpg.preflight.compose import RecipeConfigError, _detached
 from rpg.preflight.topk_rules import rule_topk_engine
-
-
-def is_rpg_loss(loss_mode: str) -> bool:
-    """True for the plugin's losses, the rows of the loss table `rpg.loss_table.LOSSES` (they read RPGPolicyLossConfig)."""
-    from rpg.loss_table import is_rpg_loss as in_loss_table
-
-    return in_loss_table(loss_mode)
 
 
 def check_registered(config: DictConfig) -> None:
@@ -51,7 +44,7 @@ def _rpg_policy_loss(config: DictConfig, built: Any = None):
     `validate`)."""
     from hydra.errors import InstantiationException
 
-    from rpg.loss_config import RPGPolicyLossConfig
+    from rpg.loss_config import RPGPolicyLossConfig  # imports verl's config classes
     from verl.utils.config import omega_conf_to_dataclass
 
     policy_loss = config.actor_rollout_ref.actor.policy_loss
@@ -77,7 +70,7 @@ def _rpg_policy_loss(config: DictConfig, built: Any = None):
 def _rule_bypass(config: DictConfig, settings) -> Optional[str]:
     """Bypass mode (π_old := μ, docs/async.md#bypass) runs the RPG loss in the v1 trainer only; there it skips the
     rollout correction, so TIS weights or rejection sampling set next to it would be silently ignored."""
-    from rpg.loss_config import bypass_error
+    from rpg.loss_config import bypass_error  # imports verl's config classes
 
     corr = config.algorithm.get("rollout_correction", None) or {}
     if not corr.get("bypass_mode", False):
@@ -85,7 +78,7 @@ def _rule_bypass(config: DictConfig, settings) -> Optional[str]:
     if not config.trainer.get("use_v1", True):
         return bypass_error(corr)
     ignored = [f"algorithm.rollout_correction.{key}={corr.get(key)!r}" for key in ("rollout_is", "rollout_rs")
-               if corr.get(key, None) is not None]  # fmt: skip
+               if corr.get(key, None) is not None]
     if ignored:
         return (
             f"algorithm.rollout_correction.bypass_mode=True (recipe knob OLD_LOGPROB=rollout) with "
@@ -139,13 +132,13 @@ def _hooked_features(settings) -> list[str]:
 
 
 def _rule_periodic_not_separate_async(config: DictConfig, settings) -> Optional[str]:
-    mode = (config.trainer.get("v1", None) or {}).get("trainer_mode", "sync")
+    mode = modes.trainer_mode(config)  # the trainer-mode table's row (rpg/modes.py)
     features = _hooked_features(settings)
-    if not features or mode != "separate_async":
+    if not features or not mode.detached_actor:
         return None
     return (
-        f"{' and '.join(features)} with trainer.v1.trainer_mode=separate_async (recipe knob TRAINER_MODE): "
-        "untested: separate_async replaces the actor worker by verl's DetachActorWorker and updates once per "
+        f"{' and '.join(features)} with trainer.v1.trainer_mode={mode.name} (recipe knob TRAINER_MODE): "
+        f"untested: {mode.name} replaces the actor worker by verl's DetachActorWorker and updates once per "
         "mini-batch, which the reference/adaptive-β worker hooks were not written for. Fix: TRAINER_MODE="
         "colocate_async (measured working with the periodic reference) or sync, or reference=iterative/frozen and "
         "kl_control=fixed"
@@ -167,12 +160,12 @@ def _rule_written_reference_engine(config: DictConfig, settings) -> Optional[str
     lora = int((arr.get("model", None) or {}).get("lora_rank", 0) or 0)
     if lora > 0:
         problems.append(f"actor_rollout_ref.model.lora_rank={lora} (a LoRA run has no reference engine: its reference "
-                        f"is the adapter-free actor; set lora_rank=0 or reference=frozen)")  # fmt: skip
+                        f"is the adapter-free actor; set lora_rank=0 or reference=frozen)")
     dtype = str(((arr.ref.get("fsdp_config", None) or {}).get("model_dtype", None)) or "fp32")
     if row.fp32_reference and dtype not in ("fp32", "float32"):
         problems.append(f"actor_rollout_ref.ref.fsdp_config.model_dtype={dtype} (the EMA blend is done in place on "
                         f"the reference's shards and needs fp32 storage: a bf16 blend at τ≈0.99 never moves; set "
-                        f"fp32)")  # fmt: skip
+                        f"fp32)")
     if not problems:
         return None
     return f"policy_loss.reference={settings.reference} cannot run with " + "; ".join(problems)
@@ -231,8 +224,7 @@ def validate_rpg(config: DictConfig, policy_loss: Any = None):
     * `kl_estimator=topk` ⇒ no fused kernels, pad_to_length, Ulysses SP, LoRA, distillation, bypass mode with the
       iterative reference, legacy or separate_async trainer; `kl_topk` ≤ the vocabulary (`rpg.preflight.topk_rules`);
     """
-    from rpg.loss_config import clip_errors
-    from rpg.loss_table import ADDON, VERL_CLIP_FIELDS, clip_fields
+    from rpg.loss_config import clip_errors  # imports verl's config classes
 
     check_registered(config)
     loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode

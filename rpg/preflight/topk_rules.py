@@ -9,13 +9,14 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
+from rpg import modes
+from rpg.preflight.memory import load_model_shape
+
 __all__ = ["rule_topk_engine", "topk_engine_errors", "vocab_size"]
 
 
 def vocab_size(config: DictConfig) -> Optional[int]:
     """The model's vocabulary (its config.json, the HF cache or the shipped table), None when unknown."""
-    from rpg.preflight.memory import load_model_shape
-
     model = config.actor_rollout_ref.model
     try:
         return load_model_shape(str(model.path), model.get("hf_config_path", None)).vocab_size
@@ -33,26 +34,26 @@ def topk_engine_errors(config: DictConfig, settings: Any) -> list[str]:
     if bool(arr.model.get("use_fused_kernels", False)):
         out.append(f"actor_rollout_ref.model.use_fused_kernels=True cannot run with {what}: the fused kernels never "
                    "materialise the logits over the vocabulary, which the support selection and the analytic KL read. "
-                   "Set use_fused_kernels=False")  # fmt: skip
+                   "Set use_fused_kernels=False")
     for role in ("actor", "ref"):
         if bool(arr[role].get("pad_to_length", False)):
             out.append(f"actor_rollout_ref.{role}.pad_to_length=True cannot run with {what}: the hook aligns the "
                        "support with the packed tokens, which the static padding shifts (verl's own top-k hook "
-                       "refuses it too). Set pad_to_length=False")  # fmt: skip
+                       "refuses it too). Set pad_to_length=False")
         sp = int(arr[role].get("ulysses_sequence_parallel_size", 1) or 1)
         if sp > 1:
             out.append(f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size={sp} cannot run with {what}: the "
                        "support would have to be sliced to each rank's shard of the packed sequence in the update, "
-                       "which rpg does not implement yet. Set ulysses_sequence_parallel_size=1")  # fmt: skip
+                       "which rpg does not implement yet. Set ulysses_sequence_parallel_size=1")
     strategy = str(arr.actor.get("strategy", "fsdp2"))
     if strategy not in ("fsdp", "fsdp2"):
         out.append(f"actor_rollout_ref.actor.strategy={strategy} cannot run with {what}: the hook wraps verl's FSDP "
-                   "engine (FSDPEngineWithLMHead.prepare_model_outputs). Use strategy=fsdp2")  # fmt: skip
+                   "engine (FSDPEngineWithLMHead.prepare_model_outputs). Use strategy=fsdp2")
     lora = int((arr.get("model", None) or {}).get("lora_rank", 0) or 0)
     if lora > 0:
         out.append(f"actor_rollout_ref.model.lora_rank={lora} cannot run with {what}: a LoRA run computes the "
                    "reference log-probs in the actor's log-prob pass, where the hook would select the support twice "
-                   "(untested). Set lora_rank=0")  # fmt: skip
+                   "(untested). Set lora_rank=0")
     distillation = config.get("distillation", None) or {}
     if bool(distillation.get("enabled", False)):
         out.append(f"distillation.enabled=True cannot run with {what}: verl's distillation owns the same logits hook "
@@ -62,19 +63,19 @@ def topk_engine_errors(config: DictConfig, settings: Any) -> list[str]:
         out.append(f"algorithm.rollout_correction.bypass_mode=True cannot run with {what} and reference="
                    f"{settings.reference!r}: π_old is then the rollout's (vLLM's), which gives the sampled token's "
                    "log-prob only, no top-k. Set bypass_mode=False (OLD_LOGPROB=recompute) or a frozen/periodic/ema "
-                   "reference")  # fmt: skip
-    if not bool(config.trainer.get("use_v1", True)):
+                   "reference")
+    trainer = modes.trainer_mode(config)  # the trainer-mode table's row (rpg/modes.py)
+    if not trainer.use_v1:
         out.append(f"trainer.use_v1=False cannot run with {what}: the support travels through the v1 trainer's "
                    "TransferQueue between the log-prob passes and the update. Set trainer.use_v1=True")
-    mode = (config.trainer.get("v1", None) or {}).get("trainer_mode", "sync")
-    if mode == "separate_async":
-        out.append(f"trainer.v1.trainer_mode=separate_async cannot run with {what}: its DetachActorWorker is not the "
-                   "worker the hook wraps (untested). Use sync or colocate_async")  # fmt: skip
+    if trainer.detached_actor:
+        out.append(f"trainer.v1.trainer_mode={trainer.name} cannot run with {what}: its DetachActorWorker is not "
+                   "the worker the hook wraps (untested). Use sync or colocate_async")
     vocab = vocab_size(config)
     if vocab is not None and settings.kl_topk > vocab:
         out.append(f"actor_rollout_ref.actor.policy_loss.kl_topk={settings.kl_topk} is above the vocabulary of "
                    f"actor_rollout_ref.model.path ({vocab} tokens): the support holds k distinct ids per position. "
-                   f"Choose kl_topk ≤ {vocab}")  # fmt: skip
+                   f"Choose kl_topk ≤ {vocab}")
     return out
 
 

@@ -11,11 +11,13 @@ the losses read the β of the training step (`rpg.reference.step.kl_coef`); the 
 `update_actor` (`AdaptiveBeta`, built by the worker hooks `rpg.reference.hooks`), identically on every rank (the KL is
 all-reduced first).
 
-What KL: the loss's own estimate of the chosen divergence to the KL reference (`actor/rpg/kl`, `Divergence.estimate`:
-k3-type, ≥ 0 per token), at the current θ of each micro-batch, token-averaged over the whole training step (all
-mini-batches and epochs) and all ranks (the step's ``loss_kl`` sum, fed by `rpg.losses` and `rpg.kl_addon`). With
-the iterative reference (π_ref = π_old) that is the drift of the policy within one training step (0 on the first micro-batch of every step); with a
-frozen, periodic or EMA reference it is the KL to that reference.
+What KL: the per-token KL the loss regularises (`rpg.modes.ESTIMATORS`): with
+kl_estimator=sampled the loss's own estimate of the chosen divergence to the KL reference (`actor/rpg/kl`,
+`Divergence.estimate`: k3-type, ≥ 0 per token), with kl_estimator=topk the top-k KL (`actor/rpg/topk_kl`); at the
+current θ of each micro-batch, token-averaged over the whole training step (all mini-batches and epochs) and all ranks
+(the step's ``loss_kl`` sum, handed over once per loss call by `rpg.losses.policy_loss_fn`). With the iterative
+reference (π_ref = π_old) that is the drift of the policy within one training step (0 on the first micro-batch of
+every step); with a frozen, periodic or EMA reference it is the KL to that reference (docs/losses.md#adaptive-beta).
 
 Metrics (the table's row, `rpg.modes`): ``actor/rpg/kl_coef`` (the β of this step), ``kl_coef_next``,
 ``kl_ctrl_kl``. ``global_step_N/actor/rpg_kl_control.json`` (rank 0, atomic; read by rank 0 on resume and broadcast)
@@ -64,7 +66,7 @@ class AdaptiveKLCoef:
 
     def state_dict(self) -> dict:
         return {"kl_coef": self.value, "updates": self.updates, "last_kl": self.last_kl,
-                "target": self.target, "horizon": self.horizon}  # fmt: skip
+                "target": self.target, "horizon": self.horizon}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore β and the counters (target and horizon stay as configured: a resumed run may change them).
@@ -78,7 +80,7 @@ class AdaptiveKLCoef:
         if isinstance(updates, bool) or not isinstance(updates, int) or updates < 0:
             raise ValueError(f"adaptive-β state updates={updates!r} must be an integer ≥ 0")
         if last is not None and (isinstance(last, bool) or not isinstance(last, (int, float))
-                                 or not math.isfinite(last)):  # fmt: skip
+                                 or not math.isfinite(last)):
             raise ValueError(f"adaptive-β state last_kl={last!r} must be null or a finite number")
         self.value, self.updates, self.last_kl = float(value), updates, None if last is None else float(last)
 
@@ -114,7 +116,7 @@ class AdaptiveBeta:
         """Rank 0 writes ``<local_path>/rpg_kl_control.json`` (atomically; floats round-trip exactly through JSON)."""
         if rank() == 0:
             payload = {"version": STATE_VERSION, "global_step": int(global_step),
-                       "controller": self.controller.state_dict()}  # fmt: skip
+                       "controller": self.controller.state_dict()}
             atomic_write_json(os.path.join(local_path, KL_CONTROL_FILE), payload, indent=2, sort_keys=True)
         barrier()
 

@@ -8,11 +8,14 @@ the run selects a mode with worker state (the rows of `rpg.modes` with ``worker_
 * ``ref_kl`` sums the importance-weighted k3 estimate of the reverse KL(π_θ‖π_ref) per token
   (`rpg.reference.adapter.token_kl_to_reference`, fed by the ``ppo_loss`` adapter on the device): what the periodic
   reference's κ criterion reads;
-* ``loss_kl`` sums the loss's own estimate of its divergence to the reference (``actor/rpg/kl``, `Divergence.estimate`,
-  host floats from the losses' one metric transfer): what the adaptive β reads. For FKL/UFKL the two differ.
+* ``loss_kl`` sums the per-token KL the loss regularises, handed over once per loss call by `rpg.losses.policy_loss_fn`
+  (`rpg.losses.hand_kl_to_step`, on the device): with ``kl_estimator=sampled`` the loss's own estimate of its
+  divergence to the reference (``actor/rpg/kl``, `Divergence.estimate`), with ``kl_estimator=topk`` the top-k KL
+  (``actor/rpg/topk_kl``). What the adaptive β reads
+  (docs/losses.md#adaptive-beta). For FKL/UFKL it differs from ``ref_kl``.
 
-`sums()` returns the four numbers the hooks all-reduce once per step. Outside a step (`current()` None) nothing is
-measured and an adaptive β is an error (the loss was called outside verl's actor worker).
+`sums()` returns the four numbers the hooks all-reduce once per step (one device→host transfer). Outside a step
+(`current()` None) nothing is measured and an adaptive β is an error (the loss was called outside verl's actor worker).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Iterator, Optional
 
 from rpg import modes
 
-__all__ = ["TrainingStep", "add_loss_kl", "current", "kl_coef", "running"]
+__all__ = ["TrainingStep", "add_loss_kl", "current", "kl_coef", "measures_loss_kl", "running"]
 
 
 class TrainingStep:
@@ -33,23 +36,27 @@ class TrainingStep:
         self.beta = beta
         self.measure_ref_kl, self.measure_loss_kl = measure_ref_kl, measure_loss_kl
         self._ref_kl: Any = None  # float64 tensor (Σ KL̂ to the reference, #tokens), on the device: no host sync
-        self.loss_kl_sum = self.loss_kl_tokens = 0.0
+        self._loss_kl: Any = None  # float64 tensor (Σ regularised KL, #tokens), on the device
 
     def add_ref_kl(self, sums: Any) -> None:
         """Add a (Σ KL̂, #tokens) float64 tensor of the reverse KL to the reference (the ppo_loss adapter)."""
         if self.measure_ref_kl:
             self._ref_kl = sums if self._ref_kl is None else self._ref_kl + sums
 
-    def add_loss_kl(self, kl_sum: float, tokens: float) -> None:
-        """Add the loss's Σ of its divergence estimate and #tokens (host floats, the losses' metrics)."""
+    def add_loss_kl(self, sums: Any) -> None:
+        """Add a (Σ KL, #tokens) float64 tensor of the KL the loss regularises (`rpg.losses.hand_kl_to_step`)."""
         if self.measure_loss_kl:
-            self.loss_kl_sum += kl_sum
-            self.loss_kl_tokens += tokens
+            self._loss_kl = sums if self._loss_kl is None else self._loss_kl + sums
 
     def sums(self) -> list[float]:
         """[Σ ref KL, ref tokens, Σ loss KL, loss tokens] of this rank (one device→host transfer)."""
-        ref = [0.0, 0.0] if self._ref_kl is None else [float(x) for x in self._ref_kl.tolist()]
-        return ref + [self.loss_kl_sum, self.loss_kl_tokens]
+        ref, loss = self._ref_kl, self._loss_kl
+        if ref is not None and loss is not None:
+            both = ref.repeat(2)  # one tensor, one transfer
+            both[2:] = loss
+            return [float(x) for x in both.tolist()]
+        ref = [0.0, 0.0] if ref is None else [float(x) for x in ref.tolist()]
+        return ref + ([0.0, 0.0] if loss is None else [float(x) for x in loss.tolist()])
 
 
 _CURRENT: contextvars.ContextVar[Optional[TrainingStep]] = contextvars.ContextVar("rpg_training_step", default=None)
@@ -88,8 +95,15 @@ def kl_coef(settings: Any) -> float:
     return step.beta
 
 
-def add_loss_kl(kl_sum: float, tokens: float) -> None:
-    """The losses' Σ of their divergence estimate and #tokens, to the current training step (no-op outside one)."""
+def measures_loss_kl() -> bool:
+    """Whether a training step is open in this context and measures the KL the loss regularises (the adaptive β)."""
+    step = current()
+    return step is not None and step.measure_loss_kl
+
+
+def add_loss_kl(sums: Any) -> None:
+    """A (Σ KL, #tokens) float64 tensor of the KL the loss regularises, to the current training step (no-op outside
+    one). Called once per loss call, by `rpg.losses.policy_loss_fn`."""
     step = current()
     if step is not None:
-        step.add_loss_kl(kl_sum, tokens)
+        step.add_loss_kl(sums)

@@ -147,3 +147,103 @@ def test_good_settings_build():
     RPGPolicyLossConfig(loss_mode="rpg_urkl", reference="ema", ref_ema_decay=0.0, ref_ema_period=1)
     RPGPolicyLossConfig(loss_mode="rpg_fkl", kl_control="adaptive", kl_target=0.02, kl_horizon=10.0, reference="ema")
     assert np.isclose(RPGPolicyLossConfig(loss_mode="rpg_urkl").kl_horizon, 10.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What the controller tracks: the KL the loss regularises (docs/losses.md#adaptive-beta), handed over once per call
+# ---------------------------------------------------------------------------------------------------------------------
+def _topk_step(loss_mode: str, beta0: float = 0.3):
+    """One training step with the adaptive β and kl_estimator=topk, through the registered loss and the step state
+    (as the worker hooks run it): (the step's sums, the loss's metrics, the controller's metrics)."""
+    import torch
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl_batch import actor_config
+
+    import rpg.verl_plugin  # noqa: F401  (registers the RPG losses)
+    from rpg import topk_hook
+    from rpg.reference import micro_batch
+
+    g = torch.Generator().manual_seed(5)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    old = torch.randn(2, 4, generator=g).clamp(max=-0.1)
+    log_prob = (old + 0.3 * torch.randn(2, 4, generator=g)).requires_grad_()
+    adv = torch.tensor([[1.0], [-0.5]]).expand(2, 4) * mask
+    kl = 2.0 * torch.rand(2, 4, generator=g)  # the engine hook's analytic part, far from the sampled estimate
+    in_support = torch.tensor([[True, False, True, False], [False, True, True, True]])
+    config = actor_config(loss_mode, kl_coef=beta0, kl_estimator="topk", kl_control="adaptive", kl_target=0.01)
+    state = adaptive_kl.AdaptiveBeta(AdaptiveKLCoef(beta0, 0.01, 10.0))
+    with micro_batch.opened(micro_batch.MicroBatch(topk=topk_hook.TopKTerms(kl, in_support))):
+        with step.running(step.TrainingStep()) as current:
+            state.start_step(current)
+            _, metrics = get_policy_loss_fn(loss_mode)(old, log_prob, adv, mask, "token-mean", config, None)
+    _, _, kl_sum, tokens = current.sums()
+    return (kl_sum, tokens), metrics, state.end_step(None, kl_sum / tokens)
+
+
+def _feeds_the_sampled_kl(monkeypatch):
+    """The mutant: the controller gets the sampled estimate (actor/rpg/kl) from where the metrics compute it, as
+    `_metrics` once did, instead of the KL the loss regularises."""
+    import rpg.kl_addon
+    import rpg.losses
+
+    hand = rpg.losses.hand_kl_to_step
+
+    def feeding(estimate):
+        def sampled(term, div):
+            kl = estimate(term, div)
+            hand(kl, term.mask)
+            return kl
+
+        return sampled
+
+    monkeypatch.setattr(rpg.losses, "hand_kl_to_step", lambda kl, mask: None)
+    monkeypatch.setattr(rpg.losses, "sampled_estimate", feeding(rpg.losses.sampled_estimate))
+    monkeypatch.setattr(rpg.kl_addon, "sampled_estimate", feeding(rpg.kl_addon.sampled_estimate))
+
+
+def _follows_the_topk_kl(sums, metrics, controller) -> bool:
+    (kl_sum, tokens), topk_kl = sums, metrics["actor/rpg/topk_kl"]
+    next_beta = recurrence(0.3, 0.01, 10.0, [topk_kl])[-1]
+    return (
+        tokens == 5
+        and kl_sum / tokens == pytest.approx(topk_kl, rel=1e-12)
+        and controller["kl_ctrl_kl"] == pytest.approx(topk_kl, rel=1e-12)
+        and controller["kl_coef_next"] == pytest.approx(next_beta, rel=1e-12)
+    )
+
+
+@pytest.mark.parametrize("loss_mode", ["rpg_urkl", "rpg_reinforce_hardclip_ufkl", "rpg_kl_rkl"])
+def test_the_adaptive_beta_under_topk_follows_the_topk_kl(loss_mode, monkeypatch):
+    """kl_estimator=topk: the step's loss-KL sums are the top-k KL's (actor/rpg/topk_kl, which the loss regularises),
+    not the sampled estimate's (actor/rpg/kl, still logged); β's next value follows it. The mutant that feeds the
+    sampled estimate fails the same check."""
+    sums, metrics, controller = _topk_step(loss_mode)
+    assert abs(metrics["actor/rpg/kl"] - metrics["actor/rpg/topk_kl"]) > 0.1  # the two KLs differ: the check can fail
+    assert _follows_the_topk_kl(sums, metrics, controller)
+    with monkeypatch.context() as m:
+        _feeds_the_sampled_kl(m)
+        sums, metrics, controller = _topk_step(loss_mode)
+        assert not _follows_the_topk_kl(sums, metrics, controller)
+        assert sums[0] / sums[1] == pytest.approx(metrics["actor/rpg/kl"], rel=1e-6)  # the mutant's: the sampled one
+
+
+def test_the_sampled_estimator_feeds_its_estimate_once_per_call():
+    """kl_estimator=sampled: the KL the loss regularises is its sampled estimate (actor/rpg/kl), handed over once per
+    loss call by policy_loss_fn (the token count is the call's, once)."""
+    import torch
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl_batch import actor_config
+
+    import rpg.verl_plugin  # noqa: F401
+
+    g = torch.Generator().manual_seed(2)
+    old = -torch.rand(2, 6, generator=g) - 0.1
+    log_prob, adv = old + 0.2 * torch.randn(2, 6, generator=g), torch.randn(2, 6, generator=g)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    for loss_mode in ("rpg_reinforce_urkl", "rpg_kl_fkl"):
+        config = actor_config(loss_mode, kl_coef=0.05, kl_control="adaptive", kl_target=0.01)
+        with step.running(step.TrainingStep()) as current:
+            adaptive_kl.AdaptiveBeta(AdaptiveKLCoef(0.05, 0.01, 10.0)).start_step(current)
+            _, metrics = get_policy_loss_fn(loss_mode)(old, log_prob, adv, mask, "token-mean", config, None)
+        _, _, kl_sum, tokens = current.sums()
+        assert tokens == 12 and kl_sum / tokens == pytest.approx(metrics["actor/rpg/kl"], rel=1e-6)
