@@ -16,9 +16,10 @@ ranks live) and modes:
   `critic.enable`);
 * `data.pt`, the data loader's state (verl only warns without it and restarts the data order from the beginning);
 * `transfer_queue/`, the in-flight prompts, in the asynchronous trainer modes (`trainer.v1.trainer_mode`);
-* this project's (rpg/reference/periodic.py): `actor/rpg_reference/state.json` for `reference=periodic|ema`, and
-  its `ref_model/` weights (torch.distributed.checkpoint's `.metadata`) when that state says they were saved;
-  `actor/rpg_kl_control.json` (β's state) for `kl_control=adaptive`.
+* this project's, by the names their writers save them under (`rpg.reference.written`, `rpg.reference.adaptive_kl`):
+  `actor/rpg_reference/state.json` for `reference=periodic|ema`, and its `ref_model/` weights
+  (torch.distributed.checkpoint's `.metadata`) when that state says they were saved; `actor/rpg_kl_control.json`
+  (β's state) for `kl_control=adaptive`.
 
 `problem(config)` names what is missing and the override that resumes from the newest complete checkpoint of the
 folder (or `trainer.resume_mode=disable`), None when the resume is complete or there is nothing to resume. A launch
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rpg import modes
+from rpg.reference import adaptive_kl, written
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl: checkpoint_manager.get_checkpoint_tracker_filename
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -42,9 +44,9 @@ ACTOR = "actor"
 # (trainer.v1.trainer_mode=schedule_free_sync) reports "sync" to verl's base class
 SYNC_TRAINER_MODES = ("sync", "schedule_free_sync")
 RANK_FILES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}  # load_contents entry -> file prefix
-REFERENCE_STATE = "actor/rpg_reference/state.json"  # rpg.reference.periodic STATE_DIR/STATE_FILE
-REFERENCE_WEIGHTS = "actor/rpg_reference/ref_model/.metadata"  # torch.distributed.checkpoint's index file
-KL_CONTROL = "actor/rpg_kl_control.json"  # rpg.reference.periodic KL_CONTROL_FILE
+REFERENCE_STATE = f"{ACTOR}/{written.STATE_DIR}/{written.STATE_FILE}"  # the names of their writers
+REFERENCE_WEIGHTS = f"{ACTOR}/{written.STATE_DIR}/{written.REF_MODEL_DIR}/{written.REF_MODEL_INDEX}"
+KL_CONTROL = f"{ACTOR}/{adaptive_kl.KL_CONTROL_FILE}"
 SHOWN = 4  # missing files named in full; the rest counted
 
 
@@ -88,7 +90,7 @@ def _needs_critic(config: Any) -> bool:
 
 def _saved_reference_weights(state: Path) -> bool:
     try:
-        return bool(json.loads(state.read_text()).get("has_ref_weights", False))
+        return bool(json.loads(state.read_text()).get(written.HAS_REF_WEIGHTS, False))
     except (OSError, ValueError, AttributeError):
         return False  # absent or unreadable: the state file itself is reported (rpg.reference refuses a corrupt one)
 
