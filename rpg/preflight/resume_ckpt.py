@@ -39,6 +39,7 @@ from rpg.reference import adaptive_kl, written
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl: checkpoint_manager.get_checkpoint_tracker_filename
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
+SHARD_FILE = re.compile(r"^(?:model|optim|extra_state)_world_size_(\d+)_rank_\d+\.pt$")  # verl's, any world size
 ACTOR = "actor"
 # verl's trainer saves transfer_queue/ unless its trainer_mode is "sync"; rpg.schedule_free's trainer
 # (trainer.v1.trainer_mode=schedule_free_sync) reports "sync" to verl's base class
@@ -61,15 +62,9 @@ def _policy_loss(config: Any) -> Any:
 def expected(config: Any, step_dir: Path) -> list[tuple[str, str]]:
     """(path relative to `step_dir`, what it holds) for every piece a resume of `config` reads."""
     w = world_size(config)
-    ckpt = config.actor_rollout_ref.actor.get("checkpoint", None) or {}
-    contents = list(ckpt.get("load_contents", None) or ckpt.get("save_contents", None) or RANK_FILES)
-    pieces = [(f"{ACTOR}/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"actor {c} state of rank {r}")
-              for c in RANK_FILES if c in contents for r in range(w)]  # fmt: skip
+    pieces = _rank_pieces(ACTOR, config.actor_rollout_ref.actor.get("checkpoint", None), w)
     if _needs_critic(config):  # verl's need_critic; the critic shares the actor's pool and file names
-        critic = (config.get("critic", None) or {}).get("checkpoint", None) or {}
-        kinds = list(critic.get("load_contents", None) or critic.get("save_contents", None) or RANK_FILES)
-        pieces += [(f"critic/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"critic {c} state of rank {r}")
-                   for c in RANK_FILES if c in kinds for r in range(w)]  # fmt: skip
+        pieces += _rank_pieces("critic", (config.get("critic", None) or {}).get("checkpoint", None), w)
     pieces.append(("data.pt", "the data loader's state"))
     if str(config.trainer.get("v1", {}).get("trainer_mode", "sync") or "sync") not in SYNC_TRAINER_MODES:
         pieces.append(("transfer_queue", "the asynchronous trainer's in-flight prompts"))
@@ -81,6 +76,18 @@ def expected(config: Any, step_dir: Path) -> list[tuple[str, str]]:
     if control.moves_beta:
         pieces.append((KL_CONTROL, f"the {control.name} β controller's state"))
     return pieces
+
+
+def _rank_pieces(role: str, checkpoint: Any, w: int) -> list[tuple[str, str]]:
+    """(path, what) of the per-rank files of `role` (actor or critic) that its `checkpoint.load_contents` loads."""
+    checkpoint = checkpoint or {}
+    contents = checkpoint.get("load_contents", None) or checkpoint.get("save_contents", None) or RANK_FILES
+    return [
+        (f"{role}/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"{role} {c} state of rank {r}")
+        for c in RANK_FILES
+        if c in contents
+        for r in range(w)
+    ]
 
 
 def _needs_critic(config: Any) -> bool:
@@ -118,15 +125,14 @@ def resume_target(config: Any) -> Optional[Path]:
 
 def complete_checkpoints(config: Any, folder: Path) -> list[Path]:
     """The complete global_step_N folders of `folder`, newest first."""
-    steps = sorted(((int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))),
-                   reverse=True)  # fmt: skip
+    numbered = ((STEP_DIR.match(p.name), p) for p in folder.iterdir() if p.is_dir())
+    steps = sorted(((int(m.group(1)), p) for m, p in numbered if m), reverse=True)
     return [p for _, p in steps if not missing(config, p)]
 
 
 def _saved_world_sizes(actor: Path) -> list[int]:
-    found = {int(m.group(1)) for f in (actor.iterdir() if actor.is_dir() else ())
-             if (m := re.match(r"^(?:model|optim|extra_state)_world_size_(\d+)_rank_\d+\.pt$", f.name))}  # fmt: skip
-    return sorted(found)
+    names = (f.name for f in (actor.iterdir() if actor.is_dir() else ()))
+    return sorted({int(m.group(1)) for m in map(SHARD_FILE.match, names) if m})
 
 
 def problem(config: Any) -> Optional[str]:
@@ -141,9 +147,11 @@ def problem(config: Any) -> Optional[str]:
     w = world_size(config)
     names = ", ".join(f"{rel} ({what})" for rel, what in gone[:SHOWN])
     more = f" and {len(gone) - SHOWN} more" if len(gone) > SHOWN else ""
-    lines = [f"the checkpoint this launch would resume from (trainer.resume_mode={config.trainer.resume_mode}) is "
-             f"incomplete: {target} lacks {names}{more}. verl would find this only after Ray, the workers and the "
-             "model had started (a kill mid-save, a full disk or a node-local disk leaves such a folder)."]  # fmt: skip
+    lines = [
+        f"the checkpoint this launch would resume from (trainer.resume_mode={config.trainer.resume_mode}) is "
+        f"incomplete: {target} lacks {names}{more}. verl would find this only after Ray, the workers and the "
+        "model had started (a kill mid-save, a full disk or a node-local disk leaves such a folder)."
+    ]
     saved = _saved_world_sizes(target / ACTOR)
     if saved and w not in saved:
         lines.append(f"Its actor shards were saved by {' or '.join(map(str, saved))} ranks and this run has {w} "
