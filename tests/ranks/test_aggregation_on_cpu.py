@@ -99,9 +99,9 @@ def grad_split(policy: SoftmaxPolicy, td, cfg: ActorConfig, dynamic_bsz: bool) -
     total_tokens = int(td["response_mask"].sum())  # the engine's all-reduced `loss_mask.sum()`
     rank_grads, n_micro = [], 0
     for rank_td in tu.chunk_tensordict(td, RANKS):  # the dispatch: contiguous chunks, one per dp rank
-        tu.assign_non_tensor(rank_td, dp_size=RANKS, batch_num_tokens=total_tokens, global_batch_size=len(td),
-                             use_dynamic_bsz=dynamic_bsz, micro_batch_size_per_gpu=len(td) // (RANKS * MICRO),
-                             max_token_len_per_gpu=12)  # fmt: skip
+        global_info = dict(dp_size=RANKS, batch_num_tokens=total_tokens, global_batch_size=len(td))
+        micro = dict(micro_batch_size_per_gpu=len(td) // (RANKS * MICRO), max_token_len_per_gpu=12)
+        tu.assign_non_tensor(rank_td, use_dynamic_bsz=dynamic_bsz, **global_info, **micro)
         micro_batches, _ = prepare_micro_batches(rank_td)
         grad = torch.zeros_like(policy.theta)
         for mb in micro_batches:
