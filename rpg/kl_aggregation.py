@@ -7,8 +7,9 @@ for every batch, i.e. does not depend on the sampled response lengths |y_i| (the
 
 * `token-sum` (D = 1), `seq-mean-token-sum` (D = B) and `seq-mean-token-sum-norm` with a fixed
   `actor.loss_scale_factor` (D = B·scale): exact;
-* `token-mean` (D = Σ_i |y_i|, the batch's random total of tokens): exact up to a ratio bias of order 1/B (negligible at the
-  thousands of responses of a training step, and for B = 1 it *is* seq-mean-token-mean); every paper recipe uses it;
+* `token-mean` (D = Σ_i |y_i|, the batch's random total of tokens): exact up to a ratio bias of order 1/B
+  (negligible at the thousands of responses of a training step; for B = 1 it *is* seq-mean-token-mean); every paper
+  recipe uses it;
 * `seq-mean-token-mean` (each response weighted by 1/|y_i|): the expected gradient is not β·∇ of any KL, for any B;
   refused for the RPG losses (before launch and inside the loss). Over such a base the KL add-on aggregates its own
   KL term `seq-mean-token-sum-norm` with the fixed `loss_scale_factor` S (D = B·S, exact): against the token-mean's

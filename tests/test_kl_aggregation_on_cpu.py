@@ -101,7 +101,8 @@ def assert_exact(toy, div, credit, modes):
 
 @pytest.mark.parametrize("div,credit", CASES)
 def test_constant_denominators_are_exact(toy, div, credit):
-    assert_exact(toy, div, credit, ("token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"))
+    modes = ("token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
+    assert_exact(toy, div, credit, modes)
 
 
 def token_mean_gaps(toy, div, credit, base_mode):
