@@ -4,10 +4,11 @@ timing-independent polling).
 
 verl 0.9.1 lets a run name its own sampler (``trainer.v1.sampler.custom_sampler``) but gives it no public API: a
 sampler subclasses verl's `ReplayBuffer` / `ReplayBufferAsync` and works with their private methods and state. Every
-private member rpg uses is listed here, with verl's parameters, and checked once, when this module is imported (the
-verl version, then each method's signature: `check`), and on each buffer rpg builds (its state attributes:
-`check_buffer`). A verl whose buffer changed fails there, naming the member, instead of misbehaving mid-run. Nothing
-is patched: rpg's samplers are subclasses, selected by the run's config.
+private member rpg uses is listed here, with verl's parameters, and checked when rpg builds a buffer
+(`check_buffer`: the verl version, each method's signature, then the buffer's state attributes). A verl whose buffer
+changed fails there, naming the member, instead of misbehaving mid-run; importing this module checks nothing (the
+launcher imports the samplers before it refuses an unsupported verl with its own message). Nothing is patched: rpg's
+samplers are subclasses, selected by the run's config.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def check() -> None:
 
 
 def check_buffer(buffer: Any) -> None:
-    """RuntimeError naming the state attributes (`STATE`) a freshly built verl buffer lacks."""
+    """`check`, then RuntimeError naming the state attributes (`STATE`) a freshly built verl buffer lacks."""
+    check()
     missing = [name for name in STATE if not hasattr(buffer, name)]
     if missing:
         raise RuntimeError(
@@ -69,9 +71,9 @@ def check_buffer(buffer: Any) -> None:
         )
 
 
-check()
-
-accumulate_eviction_metrics = verl_replay_buffer._accumulate_eviction_metrics
+def accumulate_eviction_metrics(acc: dict, new: dict, stale_count: int) -> None:
+    """verl's ``_accumulate_eviction_metrics``: add one eviction round's metrics `new` to `acc`."""
+    verl_replay_buffer._accumulate_eviction_metrics(acc, new, stale_count)
 
 
 def in_flight(buffer: Any, partition_id: str) -> int:
