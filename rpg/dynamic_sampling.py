@@ -25,11 +25,12 @@ This module is verl's own replay buffer, installed through verl's hook for a cus
 * the settings a custom sampler does not receive from verl (the group filter, the batch size) are read from
   `trainer.v1.sampler.sampler_kwargs`, wired by Hydra interpolation to the trainer's own keys.
 
-Every trainer mode is bounded: the sync trainer through `BoundedReplayBuffer` (verl's `ReplayBuffer`), the
-asynchronous ones (`colocate_async`, `separate_async`) through `BoundedReplayBufferAsync` (verl's
-`ReplayBufferAsync`, which refills each evicted group once); `BoundedReplayBuffer(trainer_mode=...)` builds the
-right one. In every mode the prompts a step draws are its batch plus the refills the buffer asks for while sampling
-that step. The CPU profile's `rpg.cpu.sampler` subclasses both. docs/differences.md#s7-5.
+verl's buffer has no public API for a custom sampler: the private members used here are listed and version-guarded
+in `rpg.replay_buffer`, the one adapter over it. Every trainer mode is bounded: the sync trainer through
+`BoundedReplayBuffer` (verl's `ReplayBuffer`), the asynchronous ones (`colocate_async`, `separate_async`) through
+`BoundedReplayBufferAsync` (verl's `ReplayBufferAsync`, which refills each evicted group once);
+`BoundedReplayBuffer(trainer_mode=...)` builds the right one. In every mode the prompts a step draws are its batch
+plus the refills the buffer asks for while sampling that step. The CPU profile's `rpg.cpu.sampler` subclasses both. docs/differences.md#s7-5.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import dataclasses
 from collections import Counter
 from typing import Any, Optional
 
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+from rpg.replay_buffer import ReplayBuffer, ReplayBufferAsync, check_buffer, classification_cache, in_flight
 
 from rpg import modes
 
@@ -76,21 +77,27 @@ class SamplerOptions:
         opts = dict(sampler_kwargs or {})
         unknown = set(opts) - set(SAMPLER_KWARGS)
         if unknown:
-            raise ValueError(f"trainer.v1.sampler.sampler_kwargs: unknown keys {sorted(unknown)}; valid: "
-                             f"{list(SAMPLER_KWARGS)}")  # fmt: skip
+            raise ValueError(
+                f"trainer.v1.sampler.sampler_kwargs: unknown keys {sorted(unknown)}; valid: {list(SAMPLER_KWARGS)}"
+            )
         if "train_batch_size" not in opts:
-            raise ValueError("trainer.v1.sampler.sampler_kwargs.train_batch_size is missing: set it to "
-                             "'${data.train_batch_size}' (rpg/config/rpg_trainer.yaml does)")  # fmt: skip
+            raise ValueError(
+                "trainer.v1.sampler.sampler_kwargs.train_batch_size is missing: set it to "
+                "'${data.train_batch_size}' (rpg/config/rpg_trainer.yaml does)"
+            )
         fg = opts.get("filter_groups") or {}
         enabled = bool(fg.get("enable", False))
         if enabled and not fg.get("metric"):
             raise ValueError("algorithm.filter_groups.metric must be set when group filtering is enabled")
         poll = opts.get("poll_interval")
-        return cls(metric=str(fg["metric"]) if enabled else None, train_batch_size=int(opts["train_batch_size"]),
-                   max_inflight_gen_batches=int(fg.get("max_inflight_gen_batches", 1) or 1),
-                   max_num_gen_batches=int(fg.get("max_num_gen_batches", 0) or 0),
-                   poll_interval=None if poll is None else float(poll),
-                   max_empty_rounds=int(opts.get("max_empty_rounds", NO_SIGNAL_ROUNDS)))  # fmt: skip
+        return cls(
+            metric=str(fg["metric"]) if enabled else None,
+            train_batch_size=int(opts["train_batch_size"]),
+            max_inflight_gen_batches=int(fg.get("max_inflight_gen_batches", 1) or 1),
+            max_num_gen_batches=int(fg.get("max_num_gen_batches", 0) or 0),
+            poll_interval=None if poll is None else float(poll),
+            max_empty_rounds=int(opts.get("max_empty_rounds", NO_SIGNAL_ROUNDS)),
+        )
 
     @property
     def gen_batch(self) -> int:
@@ -99,7 +106,8 @@ class SamplerOptions:
 
     @property
     def limit(self) -> Optional[int]:
-        """Prompts a step may draw, its own batch included; None: no bound (no filtering, or max_num_gen_batches ≤ 0)."""
+        """Prompts a step may draw, its own batch included; None: no bound (no filtering, or max_num_gen_batches ≤
+        0)."""
         if self.metric is None or self.max_num_gen_batches <= 0:
             return None
         return self.max_num_gen_batches * self.gen_batch
@@ -172,19 +180,23 @@ class DrawCount:
                 f"{self.finished} finished groups kept ({frac:.0%}); {self.drawn} prompts drawn{self._of_limit()}")
 
     def metrics(self) -> dict[str, float]:
-        return {"training/filter_groups/kept_fraction": self.kept / self.finished if self.finished else 1.0,
-                "training/filter_groups/drawn_prompts": float(self.drawn)}  # fmt: skip
+        return {
+            "training/filter_groups/kept_fraction": self.kept / self.finished if self.finished else 1.0,
+            "training/filter_groups/drawn_prompts": float(self.drawn),
+        }
 
     def _shared_values(self) -> str:
         return ", ".join(f"{self.options.metric} = {v:g} in {c}" for v, c in sorted(self.filtered.items()))
 
     def no_signal_message(self) -> str:
         o = self.options
-        head = (f"dynamic sampling stopped at training step {self.step}: no signal at all, the first {self.rounds} "
-                f"rounds ({self.finished} finished groups, {self.drawn} prompts drawn) kept no group; in every group "
-                f"every response got the same {o.metric} ({self._shared_values()}). It stops after "
-                f"{o.max_empty_rounds} such rounds instead of drawing up to {BOUND_KEY}={o.max_num_gen_batches} "
-                "generation batches.")  # fmt: skip
+        head = (
+            f"dynamic sampling stopped at training step {self.step}: no signal at all, the first {self.rounds} "
+            f"rounds ({self.finished} finished groups, {self.drawn} prompts drawn) kept no group; in every group "
+            f"every response got the same {o.metric} ({self._shared_values()}). It stops after "
+            f"{o.max_empty_rounds} such rounds instead of drawing up to {BOUND_KEY}={o.max_num_gen_batches} "
+            "generation batches."
+        )
         return self.exhausted_message(head) + (
             f"\nTo keep drawing up to the bound when no group is kept, set +{NO_SIGNAL_KEY}=0 (or a larger number "
             f"of rounds; now {o.max_empty_rounds}).")
@@ -221,37 +233,36 @@ class DrawCount:
 
 
 class _BoundedDraws:
-    """The bound, the round lines and the metrics, over verl's `ReplayBuffer` or `ReplayBufferAsync` (see above)."""
+    """The bound, the round lines and the metrics, over verl's `ReplayBuffer` or `ReplayBufferAsync` (see above;
+    the private members of verl's buffer it uses: `rpg.replay_buffer`)."""
 
     options: SamplerOptions
     count: DrawCount
 
     def _bind(self, options: SamplerOptions) -> None:
+        check_buffer(self)
         self.options, self.count, self._counted = options, DrawCount(options), set()
         self._draw = self.refill_fn
         if self._draw is not None:
             self.refill_fn = self._refill
 
-    def _in_flight(self, partition_id: str) -> int:
-        return len(self.pending_keys[partition_id]) + len(self.running_keys[partition_id])
-
     def _refill(self, num_prompts: int) -> int:
         granted = self.count.grant(num_prompts)
         if granted:
             return self._draw(granted)
-        if self._in_flight(TRAIN) == 0:  # nothing drawn, nothing left to finish: the batch cannot fill
+        if in_flight(self, TRAIN) == 0:  # nothing drawn, nothing left to finish: the batch cannot fill
             raise DynamicSamplingExhausted(self.count.exhausted_message())
         return 0
 
     def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
-        if partition_id == TRAIN and self.count.exhausted and self._in_flight(partition_id) == 0:
+        if partition_id == TRAIN and self.count.exhausted and in_flight(self, partition_id) == 0:
             raise DynamicSamplingExhausted(self.count.exhausted_message())
         return super()._wait_for_next_poll(partition_id, last_debug_time)
 
     def _dapo_filtered_keys(self, partition_id: str):
         uids, counts = super()._dapo_filtered_keys(partition_id)
         if partition_id == TRAIN and self.filter_groups_metric is not None:
-            cache = self._dapo_classification_cache[partition_id]  # uid -> None (kept) or the shared value
+            cache = classification_cache(self, partition_id)  # uid -> None (kept) or the shared value
             new = [cache[uid] for uid in cache if uid not in self._counted]
             self._counted = set(cache)  # only groups still finished: bounded, and none counted twice
             if new:
@@ -290,10 +301,14 @@ class BoundedReplayBuffer(_BoundedDraws, ReplayBuffer):
     def __init__(self, *, sampler_kwargs: Any = None, **kwargs):
         options = SamplerOptions.parse(sampler_kwargs)
         batch = options.train_batch_size
-        super().__init__(sampler_kwargs=sampler_kwargs, train_batch_size=batch,
-                         gen_batch_size=1 if options.metric is not None else batch,
-                         max_inflight_gen_batches=options.max_inflight_gen_batches if options.metric else 1,
-                         **options.buffer_kwargs(), **kwargs)  # fmt: skip
+        super().__init__(
+            sampler_kwargs=sampler_kwargs,
+            train_batch_size=batch,
+            gen_batch_size=1 if options.metric is not None else batch,
+            max_inflight_gen_batches=options.max_inflight_gen_batches if options.metric else 1,
+            **options.buffer_kwargs(),
+            **kwargs,
+        )
         self._bind(options)
 
 
@@ -337,11 +352,14 @@ def check_config(config: Any) -> None:
         raise ValueError(
             f"{BOUND_KEY}={fg.max_num_gen_batches} is ignored by {where}: set trainer.v1.sampler.custom_sampler."
             "path=pkg://rpg.dynamic_sampling and .name=BoundedReplayBuffer (rpg/config/rpg_trainer.yaml's setting, "
-            f"or a subclass), or {BOUND_KEY}=0 for no bound")  # fmt: skip
+            f"or a subclass), or {BOUND_KEY}=0 for no bound"
+        )
     kwargs = sampler.get("sampler_kwargs", None) or {}
     expected = {"train_batch_size": config.data.train_batch_size, "filter_groups": fg}
     for key, value in expected.items():
         if key not in kwargs or kwargs[key] != value:
             src = "data.train_batch_size" if key == "train_batch_size" else "algorithm.filter_groups"
-            raise ValueError(f"trainer.v1.sampler.sampler_kwargs.{key} must equal {src}: set it to '${{{src}}}' "
-                             "(rpg/config/rpg_trainer.yaml does)")  # fmt: skip
+            raise ValueError(
+                f"trainer.v1.sampler.sampler_kwargs.{key} must equal {src}: set it to '${{{src}}}' "
+                "(rpg/config/rpg_trainer.yaml does)"
+            )

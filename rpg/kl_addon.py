@@ -16,8 +16,9 @@ with the TOKEN ratio w_t = π_θ/π_old of each token whatever ratio the base us
 iterative reference) and the prefix ratios / future credit of `rpg.kl_credit`. No clamp, no clip: the additive
 placement, so over `vanilla` it is `rpg_<div>` wherever |log w| ≤ 20 (verl's clamp). Masked tokens (padding,
 observation spans) carry no KL (docs/losses.md#multi-turn). The KL term is aggregated with the base's mode, except
-that seq-mean-token-mean (1/|y| per response: not the gradient of any KL) becomes token-mean (`aggregate_kl`,
-`rpg.kl_aggregation`, docs/losses.md#kl-aggregation).
+that seq-mean-token-mean (1/|y| per response: not the gradient of any KL) becomes seq-mean-token-sum-norm with the
+fixed `loss_scale_factor`, a constant denominator (`aggregate_kl`, `rpg.kl_aggregation`,
+docs/losses.md#kl-aggregation).
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ def sampled_estimate(term: KLTerm, div: Divergence) -> Tensor:
 
 
 def aggregate_kl(loss_mat: Tensor, mask: Tensor, loss_agg_mode: str, batch_info: dict) -> Tensor:
-    """The add-on's KL term aggregated with verl's `agg_loss` in `addon_kl_agg_mode(loss_agg_mode)`: a denominator
-    that does not depend on the sampled lengths, or token-mean's (docs/losses.md#kl-aggregation)."""
+    """The add-on's KL term aggregated with verl's `agg_loss` in `addon_kl_agg_mode(loss_agg_mode)`: the base's mode,
+    or a constant denominator over a seq-mean-token-mean base (docs/losses.md#kl-aggregation)."""
     from verl.trainer.ppo.core_algos import agg_loss
 
     return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=addon_kl_agg_mode(loss_agg_mode), **batch_info)

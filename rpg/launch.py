@@ -78,7 +78,7 @@ from rpg.preflight.recipe_rules import (  # noqa: F401,E402
     chat_template_summary,
     validate_recipe,
 )
-from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_registered, is_rpg_loss, validate_rpg  # noqa: F401,E402
+from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_registered, validate_rpg  # noqa: F401,E402
 from rpg.preflight.summary import launch_refusals, summary_lines  # noqa: E402
 from rpg.preflight.wandb_check import check_wandb  # noqa: E402
 from rpg import ray_start  # noqa: E402

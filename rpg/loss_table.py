@@ -21,7 +21,7 @@ RPG_POLICY_LOSS_TARGETS = ("rpg.RPGPolicyLossConfig", "rpg.loss_config.RPGPolicy
 __all__ = [
     "ADDON", "ADDON_BASES", "DUAL_CLIP", "FAMILIES", "FD", "HARDCLIP", "LOSSES", "RATIO_CLIP", "REFUSED_BASES",
     "REINFORCE", "RPG_POLICY_LOSS_TARGETS", "VERL_CLIP_FIELDS", "Family", "LossSpec", "base_loss_error", "clip_fields",
-    "describe_losses", "is_rpg_loss", "loss_spec",
+    "describe_losses", "loss_spec",
 ]
 
 FD, REINFORCE, HARDCLIP, ADDON = "fd", "reinforce", "hardclip", "addon"
@@ -137,11 +137,6 @@ LOSSES: dict[str, LossSpec] = {
 def loss_spec(loss_mode: str) -> Optional[LossSpec]:
     """The table row of an RPG loss, None for any other name (verl's own losses)."""
     return LOSSES.get(loss_mode)
-
-
-def is_rpg_loss(loss_mode: str) -> bool:
-    """True for the losses of this table, the ones that read `RPGPolicyLossConfig`."""
-    return loss_mode in LOSSES
 
 
 def base_loss_error(base_loss_mode: str) -> Optional[str]:

@@ -54,6 +54,7 @@ import torch
 from rpg.install import require
 from rpg.reference import adapter, step
 from rpg.divergences import LOG_RATIO_GUARD, Divergence, guarded_log_ratio, scaled_ratio
+from rpg.kl_aggregation import refuse_inexact_aggregation
 from rpg.kl_credit import credited_kl_adv, credited_kl_weight, sequence_credit
 from rpg.loss_table import (  # noqa: F401  (re-exported: rpg.launch and the tests import them from here)
     ADDON,
@@ -69,7 +70,6 @@ from rpg.loss_table import (  # noqa: F401  (re-exported: rpg.launch and the tes
     LossSpec,
     clip_fields,
     describe_losses,
-    is_rpg_loss,
     loss_spec,
 )
 from rpg.topk_loss import topk_loss, topk_metrics
@@ -473,7 +473,8 @@ def policy_loss_fn(
     adaptive β's input; the metrics only measure), multiplies the per-token loss by `rollout_is_weights` (verl's TIS
     correction of the rollout/π_old mismatch, as in verl's vanilla loss) on the mask, aggregates it over the global
     batch with `aggregate(loss, mask, loss_agg_mode, global_batch_info)` (verl's `agg_loss` in the run's mode; the
-    add-on's KL: `rpg.kl_addon.aggregate_kl`) and returns `finish(aggregated loss)`.
+    add-on's KL: `rpg.kl_addon.aggregate_kl`) and returns `finish(aggregated loss)`. An aggregation that makes the
+    KL inexact is refused here too, with the launcher's message (`rpg.kl_aggregation.refuse_inexact_aggregation`).
     """
 
     def policy_loss(
@@ -495,6 +496,7 @@ def policy_loss_fn(
         if rollout_is_weights is not None:
             loss_mat = loss_mat * torch.where(mask, rollout_is_weights, 0.0)
         batch_info = config.get("global_batch_info", None) or {}
+        refuse_inexact_aggregation(spec.name, spec.family == ADDON, loss_agg_mode, batch_info)
         return finish(aggregate(loss_mat, response_mask, loss_agg_mode, batch_info))
 
     policy_loss.__name__ = policy_loss.__qualname__ = f"compute_policy_loss_{spec.name}"

@@ -81,6 +81,8 @@ import torch
 
 from rpg import modes
 
+from rpg.shards import local_shard
+
 __all__ = [
     "TRAINER_MODE",
     "ITERATE",
@@ -108,11 +110,6 @@ def is_schedule_free(optimizer: Any) -> bool:
         and callable(getattr(optimizer, "eval", None))
         and all("train_mode" in group for group in getattr(optimizer, "param_groups", [{}]))
     )
-
-
-def _local(p: torch.Tensor) -> torch.Tensor:
-    """The rank-local storage of a parameter (the shard of an FSDP2 DTensor, the tensor itself otherwise)."""
-    return p.to_local() if hasattr(p, "to_local") else p
 
 
 class ScheduleFreeIterates:
@@ -156,7 +153,7 @@ class ScheduleFreeIterates:
         if not self.has_average():
             self.optimizer.eval()  # flips the flags only: x == y before the first step
             return False
-        self._saved_iterate = [_local(p).detach().to("cpu", copy=True) for p in self.params]
+        self._saved_iterate = [local_shard(p).detach().to("cpu", copy=True) for p in self.params]
         self.optimizer.eval()
         return True
 
@@ -170,7 +167,7 @@ class ScheduleFreeIterates:
             self.optimizer.train()
             return changed
         for p, saved in zip(self.params, self._saved_iterate, strict=True):
-            _local(p).copy_(saved)
+            local_shard(p).copy_(saved)
         for group in self.optimizer.param_groups:
             group["train_mode"] = True
         self._saved_iterate = None

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rpg.shards import local_shard
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipe" / "rpg" / "cpu"
 TINY = ROOT / "artifacts" / "tiny"
@@ -103,10 +105,6 @@ def check_steps(records: list[dict], console: str, steps: list[int]) -> dict[int
 
 
 # ---- schedule-free checkpoints (tests/e2e, tests/ranks) -----------------------------------------------------------
-def _local(t):
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def assert_hf_export_is_x(ckpt, world_size: int, distinct: bool = True) -> None:
     """The checkpoint holds y and a train-mode optimizer, and its `huggingface/` export is the average x = lerp(y, z,
     1 - 1/β1) (schedulefree's eval()), bit for bit, reassembled from the ranks' FSDP2 shards (dim 0); with `distinct`
@@ -128,8 +126,8 @@ def assert_hf_export_is_x(ckpt, world_size: int, distinct: bool = True) -> None:
         states = [o["state"].get(i) for o in optims]
         if any(s is None for s in states) or name not in hf:
             continue
-        y = torch.cat([_local(m[name]) for m in models])
-        z = torch.cat([_local(s["z"]) for s in states])
+        y = torch.cat([local_shard(m[name]) for m in models])
+        z = torch.cat([local_shard(s["z"]) for s in states])
         x = torch.lerp(y, z, 1 - 1 / beta1)
         torch.testing.assert_close(hf[name].float(), x.to(hf[name].dtype).float(), rtol=0, atol=0)
         differs |= not torch.equal(x.to(hf[name].dtype), y.to(hf[name].dtype))

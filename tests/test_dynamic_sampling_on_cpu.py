@@ -2,11 +2,16 @@
 message and the launch check, at the unit level (the trainer run on unmatchable data: tests/e2e/
 test_e2e_trainer_on_cpu.py, its failing cluster job)."""
 
+import inspect
+import re
 from collections import Counter
 
 import pytest
 from omegaconf import OmegaConf
 
+import rpg.cpu.sampler
+import rpg.dynamic_sampling
+from rpg import replay_buffer
 from rpg.dynamic_sampling import (
     BOUND_KEY,
     BoundedReplayBuffer,
@@ -29,28 +34,35 @@ def options(**fg) -> SamplerOptions:
 
 def buffer(mode="sync", **fg):
     drawn = []
-    buf = BoundedReplayBuffer(trainer_mode=mode, trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
-                              max_off_policy_strategy="drop", refill_fn=lambda n: drawn.append(n) or n,
-                              sampler_kwargs=OmegaConf.create({"filter_groups": {**FILTER, **fg},
-                                                               "train_batch_size": 4}))  # fmt: skip
+    kwargs = OmegaConf.create({"filter_groups": {**FILTER, **fg}, "train_batch_size": 4})
+    buf = BoundedReplayBuffer(
+        trainer_mode=mode,
+        trainer_config=OmegaConf.create({}),
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        refill_fn=lambda n: drawn.append(n) or n,
+        sampler_kwargs=kwargs,
+    )
     return buf, drawn
 
 
 def test_options_come_from_the_interpolated_trainer_settings():
-    cfg = OmegaConf.create({"algorithm": {"filter_groups": FILTER}, "data": {"train_batch_size": 16},
-                            "kw": {"filter_groups": "${algorithm.filter_groups}",
-                                   "train_batch_size": "${data.train_batch_size}"}})  # fmt: skip
+    kw = {"filter_groups": "${algorithm.filter_groups}", "train_batch_size": "${data.train_batch_size}"}
+    cfg = OmegaConf.create({"algorithm": {"filter_groups": FILTER}, "data": {"train_batch_size": 16}, "kw": kw})
     o = SamplerOptions.parse(cfg.kw)
     assert (o.metric, o.train_batch_size, o.gen_batch, o.limit) == ("acc", 16, 48, 96)
     assert options(max_num_gen_batches=0).limit is None  # 0: no bound (verl's behaviour)
     assert options(enable=False).limit is None and options(enable=False).metric is None
 
 
-@pytest.mark.parametrize("kwargs, match", [
+BAD_KWARGS = [
     ({"train_batch_size": 4, "bound": 1}, "unknown keys"),
     ({}, "train_batch_size"),
     ({"train_batch_size": 4, "filter_groups": {"enable": True, "metric": None}}, "metric must be set"),
-])  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("kwargs, match", BAD_KWARGS)
 def test_bad_sampler_kwargs_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplerOptions.parse(kwargs)
@@ -76,11 +88,12 @@ def test_round_lines_report_the_fraction_kept():
     count.begin(step=3, need=4)
     assert count.record(kept=1, filtered=Counter({0.0: 2})) is None  # 3 of a round of 4 finished
     line = count.record(kept=1, filtered=Counter())
-    assert line == (f"[rpg.dynamic_sampling] step 3 round 1: 2 of 4 groups kept (50%); 4 prompts drawn of at most "
-                    f"24 ({BOUND_KEY}=2)")  # fmt: skip
+    want = f"[rpg.dynamic_sampling] step 3 round 1: 2 of 4 groups kept (50%); 4 prompts drawn of at most 24"
+    assert line == f"{want} ({BOUND_KEY}=2)"
     assert count.record(kept=0, filtered=Counter({1.0: 5})).startswith("[rpg.dynamic_sampling] step 3 round 2: 0 of 5")
     assert "2 of 9 finished groups kept (22%)" in count.summary()
-    assert count.metrics() == {"training/filter_groups/kept_fraction": 2 / 9, "training/filter_groups/drawn_prompts": 4.0}
+    metrics = {"training/filter_groups/kept_fraction": 2 / 9, "training/filter_groups/drawn_prompts": 4.0}
+    assert count.metrics() == metrics
 
 
 def test_the_stop_message_names_the_causes_and_the_setting():
@@ -89,9 +102,9 @@ def test_the_stop_message_names_the_causes_and_the_setting():
     count.grant(20)
     count.record(kept=0, filtered=Counter({0.0: 24}))
     msg = count.exhausted_message()
-    for part in ("training step 1", "drew 24 prompts", f"{BOUND_KEY}=2", "3 × 4 prompts", "only 0 of the 4 groups",
-                 "(acc = 0 in 24)", "chat template", "answer format", "response length", "max_response_length",
-                 "algorithm.filter_groups.enable=False"):  # fmt: skip
+    parts = ["training step 1", "drew 24 prompts", f"{BOUND_KEY}=2", "3 × 4 prompts", "only 0 of the 4 groups"]
+    parts += ["(acc = 0 in 24)", "chat template", "answer format", "response length", "max_response_length"]
+    for part in parts + ["algorithm.filter_groups.enable=False"]:
         assert part in msg, (part, msg)
     assert "too easy" not in msg
     easy = DrawCount(options())
@@ -122,8 +135,8 @@ def test_rounds_that_keep_no_group_stop_the_step_before_the_bound():
         assert count.record(kept=0, filtered=Counter({0.0: 4})).startswith(f"[rpg.dynamic_sampling] step 1 round {r}")
     assert NO_SIGNAL_ROUNDS == 3 and count.no_signal and not count.exhausted
     msg = count.no_signal_message()
-    for part in ("training step 1: no signal at all, the first 3 rounds (12 finished groups", "(acc = 0 in 12)",
-                 f"{BOUND_KEY}=20", "chat template", "answer format", f"+{NO_SIGNAL_KEY}=0"):  # fmt: skip
+    head = "training step 1: no signal at all, the first 3 rounds (12 finished groups"
+    for part in (head, "(acc = 0 in 12)", f"{BOUND_KEY}=20", "chat template", "answer format", f"+{NO_SIGNAL_KEY}=0"):
         assert part in msg, (part, msg)
     kept_once = DrawCount(options(max_num_gen_batches=20))  # one kept group: only the bound stops the step
     kept_once.begin(step=1, need=4)
@@ -162,19 +175,22 @@ def test_every_trainer_mode_gets_a_bounded_buffer():
         buf.count.begin(step=5, need=4)
         assert buf.refill_fn(100) == 20
     with pytest.raises(ValueError, match="asynchronous trainer modes"):
-        BoundedReplayBufferAsync(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
-                                 max_off_policy_strategy="drop", refill_fn=None,
-                                 sampler_kwargs={"train_batch_size": 4})  # fmt: skip
+        BoundedReplayBufferAsync(
+            trainer_mode="sync",
+            trainer_config={},
+            max_off_policy_threshold=None,
+            max_off_policy_strategy="drop",
+            refill_fn=None,
+            sampler_kwargs={"train_batch_size": 4},
+        )
 
 
-def launch_config(**sampler):
+def launch_config(custom=None, kwargs=None):
     base = {"path": "pkg://rpg.dynamic_sampling", "name": "BoundedReplayBuffer"}
-    return OmegaConf.create({
-        "algorithm": {"filter_groups": FILTER}, "data": {"train_batch_size": 4},
-        "trainer": {"v1": {"sampler": {"custom_sampler": {**base, **sampler.get("custom", {})}, "sampler_kwargs": {
-            "filter_groups": "${algorithm.filter_groups}", "train_batch_size": "${data.train_batch_size}",
-            **sampler.get("kwargs", {})}}}},
-    })  # fmt: skip
+    wired = {"filter_groups": "${algorithm.filter_groups}", "train_batch_size": "${data.train_batch_size}"}
+    sampler = {"custom_sampler": {**base, **(custom or {})}, "sampler_kwargs": {**wired, **(kwargs or {})}}
+    data = {"algorithm": {"filter_groups": FILTER}, "data": {"train_batch_size": 4}}
+    return OmegaConf.create({**data, "trainer": {"v1": {"sampler": sampler}}})
 
 
 def test_launch_refuses_a_bound_that_no_sampler_would_enforce():
@@ -187,3 +203,40 @@ def test_launch_refuses_a_bound_that_no_sampler_would_enforce():
     off = launch_config(custom={"path": None, "name": None})
     off.algorithm.filter_groups.max_num_gen_batches = 0
     check_config(off)  # no bound asked for: verl's buffer is fine
+
+
+# ---- the one adapter over verl's replay buffer (rpg/replay_buffer.py) ----------------------------------------------
+def test_the_adapter_lists_every_private_member_the_samplers_use():
+    """Every `self.<name>` of verl's buffer that rpg's samplers touch (the private methods they call or override and
+    the state they read) is one of the adapter's checked names (or a public method of verl's buffer)."""
+    listed = {name for _, name in replay_buffer.METHODS} | set(replay_buffer.STATE)
+    verl_classes = (replay_buffer.ReplayBuffer, replay_buffer.ReplayBufferAsync)
+    verl_state = {n for cls in verl_classes
+                  for n in re.findall(r"self\.(\w+)\s*(?::[^=\n]*)?=", inspect.getsource(cls.__init__))}
+    verl_members = set(dir(replay_buffer.ReplayBufferAsync)) | verl_state
+    assert set(replay_buffer.STATE) <= verl_state
+    samplers = [rpg.dynamic_sampling._BoundedDraws, BoundedReplayBuffer, BoundedReplayBufferAsync,
+                rpg.cpu.sampler.FastPollReplayBuffer, rpg.cpu.sampler.FastPollReplayBufferAsync]
+    for cls in samplers:
+        used = set(re.findall(r"\bself\.(\w+)", inspect.getsource(cls))) & verl_members
+        unlisted = {n for n in used if n.startswith("_") or n in verl_state} - listed
+        assert not unlisted, (cls.__name__, sorted(unlisted))
+    assert "_accumulate_eviction_metrics" not in inspect.getsource(rpg.cpu.sampler)  # through the adapter
+
+
+def test_the_adapter_refuses_a_verl_whose_buffer_changed(monkeypatch):
+    """The guard has teeth: a private method with other parameters, or a buffer without a state attribute, is
+    named."""
+    def renamed(self, partition, last_debug_time):  # verl renamed a parameter
+        return 0.0
+
+    monkeypatch.setattr(replay_buffer.ReplayBuffer, "_wait_for_next_poll", renamed)
+    with pytest.raises(RuntimeError, match="_wait_for_next_poll"):
+        replay_buffer.check()
+    monkeypatch.undo()
+    replay_buffer.check()  # verl 0.9.1's own buffer passes
+    buf, _ = buffer()
+    replay_buffer.check_buffer(buf)
+    del buf._dapo_classification_cache
+    with pytest.raises(RuntimeError, match="_dapo_classification_cache"):
+        replay_buffer.check_buffer(buf)

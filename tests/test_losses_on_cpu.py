@@ -19,7 +19,10 @@ from verl_batch import actor_config
 pytestmark = pytest.mark.usefixtures("ref_log_prob_adapter")  # losses with a reference, in-process
 
 RPG_NAMES = sorted(n for n, s in L.LOSSES.items() if s.family != L.ADDON)  # the add-on: test_kl_addon_on_cpu.py
-AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+# every verl mode an RPG loss accepts (seq-mean-token-mean is refused: tests/test_kl_aggregation_on_cpu.py); -norm with
+# the fixed scale SCALE in verl's global batch information
+AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+SCALE = 7
 
 
 def random_batch(seed=0, bs=8, T=12, spread=0.6, dtype=torch.float64):
@@ -154,13 +157,14 @@ def test_registered_loss_aggregates_with_verls_agg_loss(name):
     family, div = L.LOSSES[name].family, L.LOSSES[name].divergence
     old, log_prob, adv, mask = random_batch(3)
     cfg = actor_config(name, kl_coef=0.01)
+    cfg.global_batch_info["loss_scale_factor"] = SCALE
     for agg in AGG_MODES:
         loss, _, _ = _registered(name, old, log_prob, adv, mask, cfg, agg=agg)
         if family == "fd":
             mat = L.rpg_fully_differentiable(log_prob, old, adv, mask, div, 0.01, CLIP).loss
         else:
             mat = L.rpg_reinforce(log_prob, old, adv, mask, div, 0.01, CLIP, hard_clip=family == "hardclip").loss
-        assert torch.allclose(loss, agg_loss(mat, mask, agg), rtol=1e-12)
+        assert torch.allclose(loss, agg_loss(mat, mask, agg, loss_scale_factor=SCALE), rtol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["rpg_urkl", "rpg_reinforce_ufkl", "rpg_reinforce_hardclip_rkl"])
@@ -204,6 +208,7 @@ def test_extreme_ratios_and_padding_garbage_stay_finite(name, extreme, monkeypat
         ref = torch.where(mask, old - 1.0, torch.tensor(float("nan")))
         monkeypatch.setattr("rpg.reference.adapter.current_ref_log_prob", lambda: ref, raising=False)
     cfg = actor_config(name, kl_coef=1e-4)
+    cfg.global_batch_info["loss_scale_factor"] = SCALE
     for agg in AGG_MODES:
         lp_ = lp.detach().clone().requires_grad_(True)
         loss, metrics = POLICY_LOSS_REGISTRY[name](old, lp_, adv, mask, agg, cfg, None)

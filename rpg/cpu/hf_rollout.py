@@ -63,6 +63,8 @@ import torch
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
+from rpg.shards import full_tensor
+
 __all__ = ["HFReplica", "HFRolloutServer", "HFServerAdapter", "SamplingSpec", "decode_batch", "load_model", "request_seed",
            "server_name"]
 
@@ -522,9 +524,7 @@ class HFServerAdapter(BaseRollout):
             raise ValueError("hf rollout: LoRA adapters are not supported; set actor_rollout_ref.model.lora.merge=True")
         state_dict = {}
         for name, tensor in weights:  # every rank drains: DTensor.full_tensor() is a collective
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            state_dict[name] = tensor.detach().to("cpu", dtype=torch.float32, copy=True)
+            state_dict[name] = full_tensor(tensor).detach().to("cpu", dtype=torch.float32, copy=True)
         if self.is_leader:
             await self._server_handle().update_weights.remote(state_dict, global_steps)
 

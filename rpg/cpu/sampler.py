@@ -25,7 +25,8 @@ Determinism. verl's buffer decides on whatever has finished at each poll, so a r
   many prompts a step draws from the data loader, and so every later step's prompts, depend on which groups happened
   to have finished.
 
-This buffer keeps verl's rules and removes the timing: DAPO decisions are taken on whole rounds of generation (only
+This buffer keeps verl's rules (the private members of verl's buffer it uses are listed and version-guarded in
+`rpg.replay_buffer`) and removes the timing: DAPO decisions are taken on whole rounds of generation (only
 when nothing is in flight), groups are selected in dispatch order (the data loader's order, the order in which
 TransferQueue registered their uids), and a batch lists its groups in that order with each group's samples sorted
 by their response tokens (the ``n`` copies of a prompt are interchangeable, so which copy received which sample
@@ -46,10 +47,10 @@ from typing import Any
 
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.replay_buffer import _accumulate_eviction_metrics
 from verl.utils.skip import SkipManager
 
 from rpg.dynamic_sampling import BoundedReplayBuffer, BoundedReplayBufferAsync
+from rpg.replay_buffer import accumulate_eviction_metrics, in_flight
 
 DEFAULT_POLL_INTERVAL = 0.05
 
@@ -113,13 +114,13 @@ class FastPollReplayBuffer(BoundedReplayBuffer):
         last_debug = time.time()
         while True:
             self._sync_metadata_from_transfer_queue()
-            if self.pending_keys[partition_id] or self.running_keys[partition_id]:
+            if in_flight(self, partition_id):
                 last_debug = self._wait_for_next_poll(partition_id, last_debug)
                 continue
             reasons = self._terminal_eviction_reasons(global_steps, partition_id)
             evicted, stale, dapo_count, new_metrics = self._evict_terminal_groups(global_steps, partition_id, reasons)
             if evicted:
-                _accumulate_eviction_metrics(metrics, new_metrics, stale)
+                accumulate_eviction_metrics(metrics, new_metrics, stale)
             sampleable = self._sampleable_terminal_keys(partition_id, reasons)
             if len(sampleable) >= batch_size:
                 break

@@ -126,13 +126,13 @@ def finish(config: DictConfig) -> DictConfig:
     `rpg.RPGPolicyLossConfig`. Idempotent."""
     from omegaconf import open_dict
 
-    from rpg.loss_table import is_rpg_loss
+    from rpg.loss_table import LOSSES
 
     _pin(config)
     with open_dict(config):
         config.pop(RECIPE_NODE, None)
     policy_loss = config.actor_rollout_ref.actor.policy_loss
-    if is_rpg_loss(str(policy_loss.loss_mode)) or set(policy_loss.keys()) & _rpg_only_fields():
+    if str(policy_loss.loss_mode) in LOSSES or set(policy_loss.keys()) & _rpg_only_fields():
         if not str(policy_loss.get("_target_", "")).startswith("rpg."):
             policy_loss._target_ = "rpg.RPGPolicyLossConfig"
     return config

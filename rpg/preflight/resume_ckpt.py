@@ -16,9 +16,10 @@ ranks live) and modes:
   `critic.enable`);
 * `data.pt`, the data loader's state (verl only warns without it and restarts the data order from the beginning);
 * `transfer_queue/`, the in-flight prompts, in the asynchronous trainer modes (`trainer.v1.trainer_mode`);
-* this project's (rpg/reference/periodic.py): `actor/rpg_reference/state.json` for `reference=periodic|ema`, and
-  its `ref_model/` weights (torch.distributed.checkpoint's `.metadata`) when that state says they were saved;
-  `actor/rpg_kl_control.json` (β's state) for `kl_control=adaptive`.
+* this project's, by the names their writers save them under (`rpg.reference.written`, `rpg.reference.adaptive_kl`):
+  `actor/rpg_reference/state.json` for `reference=periodic|ema`, and its `ref_model/` weights
+  (torch.distributed.checkpoint's `.metadata`) when that state says they were saved; `actor/rpg_kl_control.json`
+  (β's state) for `kl_control=adaptive`.
 
 `problem(config)` names what is missing and the override that resumes from the newest complete checkpoint of the
 folder (or `trainer.resume_mode=disable`), None when the resume is complete or there is nothing to resume. A launch
@@ -34,14 +35,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rpg import modes
+from rpg.reference import adaptive_kl, written
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl: checkpoint_manager.get_checkpoint_tracker_filename
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
+SHARD_FILE = re.compile(r"^(?:model|optim|extra_state)_world_size_(\d+)_rank_\d+\.pt$")  # verl's, any world size
 ACTOR = "actor"
 RANK_FILES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}  # load_contents entry -> file prefix
-REFERENCE_STATE = "actor/rpg_reference/state.json"  # rpg.reference.periodic STATE_DIR/STATE_FILE
-REFERENCE_WEIGHTS = "actor/rpg_reference/ref_model/.metadata"  # torch.distributed.checkpoint's index file
-KL_CONTROL = "actor/rpg_kl_control.json"  # rpg.reference.periodic KL_CONTROL_FILE
+REFERENCE_STATE = f"{ACTOR}/{written.STATE_DIR}/{written.STATE_FILE}"  # the names of their writers
+REFERENCE_WEIGHTS = f"{ACTOR}/{written.STATE_DIR}/{written.REF_MODEL_DIR}/{written.REF_MODEL_INDEX}"
+KL_CONTROL = f"{ACTOR}/{adaptive_kl.KL_CONTROL_FILE}"
 SHOWN = 4  # missing files named in full; the rest counted
 
 
@@ -56,15 +59,9 @@ def _policy_loss(config: Any) -> Any:
 def expected(config: Any, step_dir: Path) -> list[tuple[str, str]]:
     """(path relative to `step_dir`, what it holds) for every piece a resume of `config` reads."""
     w = world_size(config)
-    ckpt = config.actor_rollout_ref.actor.get("checkpoint", None) or {}
-    contents = list(ckpt.get("load_contents", None) or ckpt.get("save_contents", None) or RANK_FILES)
-    pieces = [(f"{ACTOR}/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"actor {c} state of rank {r}")
-              for c in RANK_FILES if c in contents for r in range(w)]  # fmt: skip
+    pieces = _rank_pieces(ACTOR, config.actor_rollout_ref.actor.get("checkpoint", None), w)
     if _needs_critic(config):  # verl's need_critic; the critic shares the actor's pool and file names
-        critic = (config.get("critic", None) or {}).get("checkpoint", None) or {}
-        kinds = list(critic.get("load_contents", None) or critic.get("save_contents", None) or RANK_FILES)
-        pieces += [(f"critic/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"critic {c} state of rank {r}")
-                   for c in RANK_FILES if c in kinds for r in range(w)]  # fmt: skip
+        pieces += _rank_pieces("critic", (config.get("critic", None) or {}).get("checkpoint", None), w)
     pieces.append(("data.pt", "the data loader's state"))
     if modes.trainer_mode(config).saves_transfer_queue:  # the trainer-mode table's row (rpg/modes.py)
         pieces.append(("transfer_queue", "the asynchronous trainer's in-flight prompts"))
@@ -78,6 +75,18 @@ def expected(config: Any, step_dir: Path) -> list[tuple[str, str]]:
     return pieces
 
 
+def _rank_pieces(role: str, checkpoint: Any, w: int) -> list[tuple[str, str]]:
+    """(path, what) of the per-rank files of `role` (actor or critic) that its `checkpoint.load_contents` loads."""
+    checkpoint = checkpoint or {}
+    contents = checkpoint.get("load_contents", None) or checkpoint.get("save_contents", None) or RANK_FILES
+    return [
+        (f"{role}/{RANK_FILES[c]}_world_size_{w}_rank_{r}.pt", f"{role} {c} state of rank {r}")
+        for c in RANK_FILES
+        if c in contents
+        for r in range(w)
+    ]
+
+
 def _needs_critic(config: Any) -> bool:
     enable = (config.get("critic", None) or {}).get("enable", None)
     return bool(enable) if enable is not None else str(config.algorithm.get("adv_estimator", "")) == "gae"
@@ -85,7 +94,7 @@ def _needs_critic(config: Any) -> bool:
 
 def _saved_reference_weights(state: Path) -> bool:
     try:
-        return bool(json.loads(state.read_text()).get("has_ref_weights", False))
+        return bool(json.loads(state.read_text()).get(written.HAS_REF_WEIGHTS, False))
     except (OSError, ValueError, AttributeError):
         return False  # absent or unreadable: the state file itself is reported (rpg.reference refuses a corrupt one)
 
@@ -113,15 +122,14 @@ def resume_target(config: Any) -> Optional[Path]:
 
 def complete_checkpoints(config: Any, folder: Path) -> list[Path]:
     """The complete global_step_N folders of `folder`, newest first."""
-    steps = sorted(((int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))),
-                   reverse=True)  # fmt: skip
+    numbered = ((STEP_DIR.match(p.name), p) for p in folder.iterdir() if p.is_dir())
+    steps = sorted(((int(m.group(1)), p) for m, p in numbered if m), reverse=True)
     return [p for _, p in steps if not missing(config, p)]
 
 
 def _saved_world_sizes(actor: Path) -> list[int]:
-    found = {int(m.group(1)) for f in (actor.iterdir() if actor.is_dir() else ())
-             if (m := re.match(r"^(?:model|optim|extra_state)_world_size_(\d+)_rank_\d+\.pt$", f.name))}  # fmt: skip
-    return sorted(found)
+    names = (f.name for f in (actor.iterdir() if actor.is_dir() else ()))
+    return sorted({int(m.group(1)) for m in map(SHARD_FILE.match, names) if m})
 
 
 def problem(config: Any) -> Optional[str]:
@@ -136,9 +144,11 @@ def problem(config: Any) -> Optional[str]:
     w = world_size(config)
     names = ", ".join(f"{rel} ({what})" for rel, what in gone[:SHOWN])
     more = f" and {len(gone) - SHOWN} more" if len(gone) > SHOWN else ""
-    lines = [f"the checkpoint this launch would resume from (trainer.resume_mode={config.trainer.resume_mode}) is "
-             f"incomplete: {target} lacks {names}{more}. verl would find this only after Ray, the workers and the "
-             "model had started (a kill mid-save, a full disk or a node-local disk leaves such a folder)."]  # fmt: skip
+    lines = [
+        f"the checkpoint this launch would resume from (trainer.resume_mode={config.trainer.resume_mode}) is "
+        f"incomplete: {target} lacks {names}{more}. verl would find this only after Ray, the workers and the "
+        "model had started (a kill mid-save, a full disk or a node-local disk leaves such a folder)."
+    ]
     saved = _saved_world_sizes(target / ACTOR)
     if saved and w not in saved:
         lines.append(f"Its actor shards were saved by {' or '.join(map(str, saved))} ranks and this run has {w} "

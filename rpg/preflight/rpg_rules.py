@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from rpg import modes
 from rpg.kl_aggregation import rule_kl_aggregation
-from rpg.loss_table import ADDON, RPG_POLICY_LOSS_TARGETS, VERL_CLIP_FIELDS, clip_fields, is_rpg_loss
+from rpg.loss_table import ADDON, LOSSES, RPG_POLICY_LOSS_TARGETS, VERL_CLIP_FIELDS, clip_fields
 from rpg.preflight.compose import RecipeConfigError, _detached
 from rpg.preflight.topk_rules import rule_topk_engine
 
@@ -23,12 +23,12 @@ def check_registered(config: DictConfig) -> None:
 
     loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
     if loss_mode not in losses:
-        rpg_names = sorted(n for n in losses if is_rpg_loss(n))
+        rpg_names = sorted(n for n in losses if n in LOSSES)
         none = "(none registered: verl did not load the rpg plugin; `python -c 'import rpg.verl_plugin'` says why)"
         raise RecipeConfigError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} is not a registered policy loss. "
             f"RPG losses: {rpg_names or none}; "
-            f"verl built-ins: {sorted(n for n in losses if not is_rpg_loss(n))}"
+            f"verl built-ins: {sorted(n for n in losses if n not in LOSSES)}"
         )
     adv = config.algorithm.adv_estimator
     if adv not in estimators:
@@ -230,7 +230,7 @@ def validate_rpg(config: DictConfig, policy_loss: Any = None):
     loss_mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
     errors = clip_errors(config.actor_rollout_ref.actor, clip_fields(loss_mode), loss_mode)
     settings = None
-    if is_rpg_loss(loss_mode):
+    if loss_mode in LOSSES:  # a row of the loss table: it reads RPGPolicyLossConfig
         settings = _rpg_policy_loss(config, policy_loss)
         if settings.spec.family == ADDON:  # the KL add-on: the clip fields its verl base reads
             base = settings.base_loss_mode

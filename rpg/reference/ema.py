@@ -21,6 +21,7 @@ from rpg.reference.ranks import rank
 from rpg.reference.schedule import RefreshSchedule
 from rpg.reference.weights import blend_policy_weights, reshard_fsdp2
 from rpg.reference.written import WrittenReference
+from rpg.shards import local_shard
 
 __all__ = ["BLEND_RTOL", "EmaReference", "shard_sum", "verify_blend"]
 
@@ -33,7 +34,7 @@ def shard_sum(module: torch.nn.Module) -> tuple[float, float]:
     total = absolute = 0.0
     with torch.no_grad():
         for p in module.parameters():
-            x = (p.to_local() if hasattr(p, "to_local") else p).to(torch.float32).double()
+            x = local_shard(p).to(torch.float32).double()
             total, absolute = total + float(x.sum()), absolute + float(x.abs().sum())
     return total, absolute
 
@@ -44,9 +45,10 @@ def verify_blend(decay: float, old: float, actor: float, new: tuple[float, float
     expected = decay * old + (1.0 - decay) * actor
     gap = abs(new[0] - expected) / max(new[1], 1e-30)
     if not gap <= BLEND_RTOL:
-        raise RuntimeError(f"EMA reference check: rank {rank()}'s shards after the blend sum to {new[0]!r}, expected "
-                           f"τ·Σ old + (1 − τ)·Σ actor = {expected!r} (τ = {decay}; relative gap {gap:.3e} > "
-                           f"{BLEND_RTOL})")  # fmt: skip
+        raise RuntimeError(
+            f"EMA reference check: rank {rank()}'s shards after the blend sum to {new[0]!r}, expected "
+            f"τ·Σ old + (1 − τ)·Σ actor = {expected!r} (τ = {decay}; relative gap {gap:.3e} > {BLEND_RTOL})"
+        )
     return gap
 
 
@@ -73,9 +75,12 @@ class EmaReference(WrittenReference):
 
     def verify(self, actor: torch.nn.Module, ref: torch.nn.Module, before: float) -> None:
         self.last_check = verify_blend(self.ema_decay, before, shard_sum(actor)[0], shard_sum(ref))
-        print(f"[rpg.reference] rank {rank()}: EMA reference = τ·old + (1 − τ)·actor after the blend at training step "
-              f"{self.schedule.state.history[-1]['train_step']} (float64 shard sums, relative gap "
-              f"{self.last_check:.1e})", flush=True)  # fmt: skip
+        step = self.schedule.state.history[-1]["train_step"]
+        print(
+            f"[rpg.reference] rank {rank()}: EMA reference = τ·old + (1 − τ)·actor after the blend at training step "
+            f"{step} (float64 shard sums, relative gap {self.last_check:.1e})",
+            flush=True,
+        )
 
     def metrics(self, written: bool, ref_kl: Optional[float]) -> dict[str, float]:
         s = self.schedule.state

@@ -30,6 +30,7 @@ from rpg.reference.ranks import rank
 from rpg.reference.schedule import RefreshSchedule
 from rpg.reference.weights import copy_policy_weights
 from rpg.reference.written import WrittenReference
+from rpg.shards import local_shard
 
 __all__ = ["PeriodicReference", "verify_copy"]
 
@@ -40,20 +41,19 @@ def verify_copy(src: torch.nn.Module, dst: torch.nn.Module) -> tuple[int, float]
     reference's local shards); raises RuntimeError naming the first tensor that differs."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    def local(t: torch.Tensor) -> torch.Tensor:
-        return t.to_local() if hasattr(t, "to_local") else t
-
     with torch.no_grad():
         a, b = get_model_state_dict(src), get_model_state_dict(dst)
         if a.keys() != b.keys():
-            raise RuntimeError(f"reference refresh check: actor and reference state dicts differ in keys "
-                               f"{sorted(a.keys() ^ b.keys())[:5]}")  # fmt: skip
+            differ = sorted(a.keys() ^ b.keys())[:5]
+            raise RuntimeError(f"reference refresh check: actor and reference state dicts differ in keys {differ}")
         checksum = 0.0
         for name in a:
-            x, y = local(a[name]), local(b[name])
+            x, y = local_shard(a[name]), local_shard(b[name])
             if not torch.equal(x.to(device=y.device, dtype=y.dtype), y):
-                raise RuntimeError(f"reference refresh check: rank {rank()}'s shard of {name} differs from the actor's "
-                                   "after the refresh")  # fmt: skip
+                raise RuntimeError(
+                    f"reference refresh check: rank {rank()}'s shard of {name} differs from the actor's after the "
+                    "refresh"
+                )
             checksum += float(y.double().sum())
     return len(a), checksum
 
@@ -73,17 +73,23 @@ class PeriodicReference(WrittenReference):
 
     def verify(self, actor: torch.nn.Module, ref: torch.nn.Module, before: Any) -> None:
         n, checksum = verify_copy(actor, ref)
-        print(f"[rpg.reference] rank {rank()}: reference = actor after the refresh at training step "
-              f"{self.schedule.state.history[-1]['train_step']} ({n} shard tensors equal, checksum {checksum:.9e})",
-              flush=True)  # fmt: skip
+        step = self.schedule.state.history[-1]["train_step"]
+        print(
+            f"[rpg.reference] rank {rank()}: reference = actor after the refresh at training step {step} ({n} shard "
+            f"tensors equal, checksum {checksum:.9e})",
+            flush=True,
+        )
 
     def metrics(self, written: bool, ref_kl: Optional[float]) -> dict[str, float]:
         s = self.schedule.state
         if written and rank() == 0:
             last = s.history[-1]
-            print(f"[rpg.reference] reference <- policy at training step {last['train_step']} (optimizer step "
-                  f"{last['optimizer_step']}, reason={last['reason']}, kl_ema={last['kl_ema']}); refresh "
-                  f"#{len(s.history)}", flush=True)  # fmt: skip
+            print(
+                f"[rpg.reference] reference <- policy at training step {last['train_step']} (optimizer step "
+                f"{last['optimizer_step']}, reason={last['reason']}, kl_ema={last['kl_ema']}); refresh "
+                f"#{len(s.history)}",
+                flush=True,
+            )
         metrics = {
             "ref_refreshed": float(written),
             "ref_refresh_count": float(len(s.history)),

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from rpg.shards import local_shard
+
 __all__ = ["blend_policy_weights", "copy_policy_weights", "engine_module", "reshard_fsdp2"]
 
 
@@ -58,11 +60,6 @@ def copy_policy_weights(src: torch.nn.Module, dst: torch.nn.Module) -> None:
         )
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (shares its storage), or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def blend_policy_weights(src: torch.nn.Module, dst: torch.nn.Module, decay: float) -> None:
     """π_ref ← τ·π_ref + (1 − τ)·π_θ on the parameters (``dst`` = reference, ``src`` = actor, τ = ``decay``), in
     place, on this rank's own shards: no collective, no gather of the full model.
@@ -98,7 +95,7 @@ def blend_policy_weights(src: torch.nn.Module, dst: torch.nn.Module, decay: floa
                     f"({getattr(p, 'placements', None)}, {tuple(p.shape)}); the blend works shard by shard and needs "
                     "both engines on the same FSDP2 layout (actor_rollout_ref.actor/ref.strategy=fsdp2, same mesh)"
                 )
-            local_ref, local_actor = _local(p), _local(a)
+            local_ref, local_actor = local_shard(p), local_shard(a)
             if local_ref.dtype != torch.float32:
                 raise RuntimeError(
                     f"EMA reference: parameter {name} of the reference is stored in {local_ref.dtype}; the blend "
@@ -106,6 +103,7 @@ def blend_policy_weights(src: torch.nn.Module, dst: torch.nn.Module, decay: floa
                     "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32 (verl's default)"
                 )
             if local_ref.shape != local_actor.shape:
-                raise RuntimeError(f"EMA reference: local shards of {name} differ: {local_ref.shape} vs "
-                                   f"{local_actor.shape}")  # fmt: skip
+                raise RuntimeError(
+                    f"EMA reference: local shards of {name} differ: {local_ref.shape} vs {local_actor.shape}"
+                )
             local_ref.lerp_(local_actor.to(device=local_ref.device, dtype=torch.float32), weight)

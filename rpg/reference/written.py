@@ -33,9 +33,12 @@ from rpg.reference.weights import engine_module, reshard_fsdp2
 
 __all__ = ["WrittenReference"]
 
+# the checkpoint's names (rpg.preflight.resume_ckpt reads them from here to check a resume before launch)
 STATE_DIR = "rpg_reference"
 STATE_FILE = "state.json"
 REF_MODEL_DIR = "ref_model"
+REF_MODEL_INDEX = ".metadata"  # the index file torch.distributed.checkpoint writes into REF_MODEL_DIR
+HAS_REF_WEIGHTS = "has_ref_weights"  # the state's key: REF_MODEL_DIR was written
 STATE_VERSION = 1
 
 
@@ -118,7 +121,7 @@ class WrittenReference:
                 "version": STATE_VERSION,
                 "reference": self.mode,
                 "global_step": int(global_step),
-                "has_ref_weights": has_weights,
+                HAS_REF_WEIGHTS: has_weights,
                 "schedule": self.schedule.state_dict(),
             }
             atomic_write_json(os.path.join(root, STATE_FILE), payload, indent=2, sort_keys=True)
@@ -152,9 +155,9 @@ class WrittenReference:
                     f"it was trained with, or start a new run from its weights (trainer.resume_mode=disable)"
                 )
             self.schedule.load_state_dict(payload["schedule"])
-            has_weights = payload["has_ref_weights"]
+            has_weights = payload[HAS_REF_WEIGHTS]
             if not isinstance(has_weights, bool):
-                raise ValueError(f"has_ref_weights={has_weights!r} must be true or false")
+                raise ValueError(f"{HAS_REF_WEIGHTS}={has_weights!r} must be true or false")
         except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
             raise ValueError(f"corrupt or mismatched {self.mode}-reference state {path}: {e}") from e
         if has_weights:

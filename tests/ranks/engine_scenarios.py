@@ -14,6 +14,12 @@ from typing import Any, Optional
 
 import torch
 
+import rpg.reference.hooks as reference_hooks
+from rpg import install
+from rpg.modes import VERIFY_ENV
+from rpg.reference.weights import engine_module
+from rpg.shards import full_tensor, local_shard
+
 PROMPT_W, RESPONSE_W = 5, 9
 
 
@@ -33,9 +39,15 @@ def padded_batch(n: int, seed: int) -> dict[str, torch.Tensor]:
     prompts, responses = prompts * p_mask, responses * r_mask
     attention_mask = torch.cat([p_mask, r_mask], 1)
     adv = torch.randn(n, 1, generator=g).expand(n, RESPONSE_W) * r_mask
-    return {"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attention_mask,
-            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "prompts": prompts, "responses": responses,
-            "response_mask": r_mask, "advantages": adv.contiguous()}  # fmt: skip
+    return {
+        "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": r_mask,
+        "advantages": adv.contiguous(),
+    }
 
 
 def rank_rows(n: int, rank: int, world_size: int) -> slice:
@@ -66,26 +78,42 @@ def compose(model_dir: str, overrides: list[str]):
     FSDP2, eager attention), the rollout side `hf`, no warm-up, fixed micro-batches, then `overrides`."""
     import cpu_worker
 
-    return cpu_worker.compose(model_dir, [
-        "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "actor_rollout_ref.actor.use_dynamic_bsz=False",
-        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=1",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", *overrides,
-    ])  # fmt: skip
+    base = [
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        "actor_rollout_ref.actor.use_dynamic_bsz=False",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.n=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    ]
+    return cpu_worker.compose(model_dir, base + list(overrides))
 
 
 def local_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """This rank's own shards of every parameter/buffer (FSDP2 DTensor → its local tensor), copied."""
-    return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().clone() for k, v in module.state_dict().items()}
+    return {k: local_shard(v).detach().clone() for k, v in module.state_dict().items()}
 
 
 def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter/buffer gathered in full (collective: all ranks must call)."""
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
-            for k, v in module.state_dict().items()}  # fmt: skip
+    return {k: full_tensor(v).detach().clone() for k, v in module.state_dict().items()}
 
 
 def equal_states(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest |a − b| over the tensors of `a` that `b` has too (in float32)."""
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a if k in b)
+
+
+def for_update(td, mini_batch_size: int) -> None:
+    """The non-tensor settings verl's trainer gives `update_actor`: one epoch of `mini_batch_size`-sequence
+    optimizer steps over the batch in its order (no shuffle), seed 0."""
+    from verl.utils import tensordict_utils as tu
+
+    tu.assign_non_tensor(td, compute_loss=True, global_batch_size=mini_batch_size, mini_batch_size=mini_batch_size,
+                         epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
 
 
 def _metrics(out) -> dict[str, list]:
@@ -105,14 +133,15 @@ def _log_probs(worker, td, ref: bool) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------------------------
 # 1. aggregation: the gradient of the first update on R ranks × M micro-batches
 # ---------------------------------------------------------------------------------------------------------------------
-def first_update_gradient(rank: int, world_size: int, model_dir: str, batch: dict[str, torch.Tensor], loss_mode: str,
-                          agg: str, micro: int, kl_coef: float) -> dict[str, Any]:  # fmt: skip
+def first_update_gradient(
+    rank: int, world_size: int, model_dir: str, batch: dict[str, torch.Tensor], loss_mode: str, agg: str, micro: int,
+    kl_coef: float,
+) -> dict[str, Any]:
     """One `update_actor` (one mini-batch = the whole batch) through verl's TrainingWorker/FSDP2 engine.
 
     Returns, on every rank, the number of loss calls (micro-batches) and the `global_batch_info` the loss saw; on
     rank 0 also the full gradient (gathered DTensor grads, before clipping) at the engine's first optimizer step.
     """
-    from verl.utils import tensordict_utils as tu
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
     n = len(batch["input_ids"])
@@ -120,14 +149,18 @@ def first_update_gradient(rank: int, world_size: int, model_dir: str, batch: dic
         f"actor_rollout_ref.actor.ppo_mini_batch_size={n}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
-        f"trainer.n_gpus_per_node={world_size}", f"actor_rollout_ref.actor.loss_agg_mode={agg}",
+        f"trainer.n_gpus_per_node={world_size}",
+        f"actor_rollout_ref.actor.loss_agg_mode={agg}",
         "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
         f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
         f"+actor_rollout_ref.actor.policy_loss.kl_coef={kl_coef}",
-        "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
-        "actor_rollout_ref.actor.clip_ratio_c=3.0", "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.optim.lr=1e-3",
-    ])  # fmt: skip
+        "actor_rollout_ref.actor.clip_ratio_low=0.2",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "actor_rollout_ref.actor.clip_ratio_c=3.0",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+    ])
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
     worker.init_model()
     engine = worker.actor.engine
@@ -154,8 +187,7 @@ def first_update_gradient(rank: int, world_size: int, model_dir: str, batch: dic
 
     engine.optimizer_step = capture_then_step
     td = to_td(chunk(batch, rank, world_size))
-    tu.assign_non_tensor(td, compute_loss=True, global_batch_size=n, mini_batch_size=n, epochs=1, seed=0,
-                         dataloader_kwargs={"shuffle": False})  # fmt: skip
+    for_update(td, n)
     worker.update_actor(td)
     return {"loss_calls": len(seen), "global_batch_info": seen, "grads": grads if rank == 0 else None}
 
@@ -166,8 +198,9 @@ def first_update_gradient(rank: int, world_size: int, model_dir: str, batch: dic
 _PERIODIC_BATCH, _PERIODIC_MINI = 8, 4  # global sequences per training step / per optimizer step -> 2 steps per step
 
 
-def _periodic_worker(model_dir: str, world_size: int, refresh_steps: int, refresh_kl: float,
-                     reference: Optional[list[str]] = None):  # fmt: skip
+def _periodic_worker(
+    model_dir: str, world_size: int, refresh_steps: int, refresh_kl: float, reference: Optional[list[str]] = None
+):
     """The fused FSDP2 worker of the reference scenarios; `reference`: policy_loss overrides replacing the periodic
     K/κ ones (the EMA reference, the adaptive β)."""
     from verl.workers.engine_workers import ActorRolloutRefWorker
@@ -183,12 +216,15 @@ def _periodic_worker(model_dir: str, world_size: int, refresh_steps: int, refres
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",  # 2 micro-batches per rank per optimizer step
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={_PERIODIC_BATCH // world_size}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={_PERIODIC_BATCH // world_size}",
-        f"trainer.n_gpus_per_node={world_size}", "actor_rollout_ref.actor.optim.lr=1e-2",
-        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.0",
+        f"trainer.n_gpus_per_node={world_size}",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.0",
         "actor_rollout_ref.actor.policy_loss._target_=rpg.RPGPolicyLossConfig",
         "actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_urkl",
-        "+actor_rollout_ref.actor.policy_loss.kl_coef=0.05", *(periodic if reference is None else reference),
-    ])  # fmt: skip
+        "+actor_rollout_ref.actor.policy_loss.kl_coef=0.05",
+        *(periodic if reference is None else reference),
+    ])
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout_ref")
     worker.init_model()
     return worker
@@ -197,42 +233,39 @@ def _periodic_worker(model_dir: str, world_size: int, refresh_steps: int, refres
 def _periodic_step(worker, step: int, rank: int, world_size: int, reductions: list) -> dict[str, Any]:
     """One training step as verl's trainer runs it: π_old, π_ref, update (2 optimizer steps). Records the local
     (pre-all-reduce) KL sums of this rank and what every rank checks after the step."""
-    from verl.utils import tensordict_utils as tu
-
-    from rpg.reference.weights import engine_module as _engine_module
-
     tensors = chunk(padded_batch(_PERIODIC_BATCH, seed=100 + step), rank, world_size)
     td = to_td(tensors)
     mask = tensors["response_mask"].bool()
     old, ref = _log_probs(worker, td, ref=False), _log_probs(worker, td, ref=True)
     td["old_log_probs"], td["ref_log_prob"] = old * mask, ref * mask
-    tu.assign_non_tensor(td, compute_loss=True, global_batch_size=_PERIODIC_MINI, mini_batch_size=_PERIODIC_MINI,
-                         epochs=1, seed=0, dataloader_kwargs={"shuffle": False})  # fmt: skip
+    for_update(td, _PERIODIC_MINI)
     n_before = len(reductions)
     metrics = _metrics(worker.update_actor(td))
     assert len(reductions) == n_before + 1, "update_actor did not all-reduce the KL exactly once"
     local, reduced = reductions[-1]
-    actor, reference = _engine_module(worker.actor, "actor"), _engine_module(worker.ref, "reference")
+    actor, reference = engine_module(worker.actor, "actor"), engine_module(worker.ref, "reference")
     result = {
         "step": step,
-        "local_kl": local[0] / local[1], "local_kl_sum": local[0], "local_tokens": local[1],
-        "reduced_kl_sum": reduced[0], "reduced_tokens": reduced[1],
+        "local_kl": local[0] / local[1],
+        "local_kl_sum": local[0],
+        "local_tokens": local[1],
+        "reduced_kl_sum": reduced[0],
+        "reduced_tokens": reduced[1],
         **{k.removeprefix("actor/rpg/"): v[0] for k, v in metrics.items() if k.startswith("actor/rpg/ref_")},
-    }  # fmt: skip
+    }
     if result["ref_refreshed"]:
         # π_ref ← π_θ on this rank's own shards, and verl's reference forward now gives the actor's log-probs
         result["shards_equal"] = equal_states(local_state(actor), local_state(reference))
-        result["logprob_gap"] = float(((_log_probs(worker, td, ref=True) - _log_probs(worker, td, ref=False)) * mask)
-                                      .abs().max())  # fmt: skip
+        gap = (_log_probs(worker, td, ref=True) - _log_probs(worker, td, ref=False)) * mask
+        result["logprob_gap"] = float(gap.abs().max())
     return result
 
 
 def _record_reductions(reductions: list) -> None:
-    import rpg.reference.hooks as reference
-
-    if getattr(reference.all_reduce_sum, "_recording", False):
-        reference.all_reduce_sum = reference.all_reduce_sum.__wrapped__
-    orig = reference.all_reduce_sum
+    """Record every all-reduce of the reference hooks' KL sums (local values, reduced values) in `reductions`."""
+    if getattr(reference_hooks.all_reduce_sum, "_recording", False):
+        reference_hooks.all_reduce_sum = reference_hooks.all_reduce_sum.__wrapped__
+    orig = reference_hooks.all_reduce_sum
 
     @functools.wraps(orig)
     def recording(values):
@@ -241,16 +274,15 @@ def _record_reductions(reductions: list) -> None:
         return out
 
     recording._recording = True
-    reference.all_reduce_sum = recording
+    reference_hooks.all_reduce_sum = recording
 
 
-def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, refresh_steps: int,
-                     refresh_kl: float, steps: int, save_at: Optional[int] = None) -> dict[str, Any]:  # fmt: skip
+def periodic_refresh(
+    rank: int, world_size: int, model_dir: str, ckpt_dir: str, refresh_steps: int, refresh_kl: float, steps: int,
+    save_at: Optional[int] = None,
+) -> dict[str, Any]:
     """Train `steps` steps with a periodic reference (K = refresh_steps, κ = refresh_kl); checkpoint at `save_at`,
     then resume from it in a fresh worker and train the remaining steps. Returns what each rank observed."""
-    from rpg import install
-    from rpg.reference.weights import engine_module as _engine_module
-
     install.install([install.REF_LOG_PROB, install.WORKER_HOOKS])  # what RPG_INSTALL names in a run
     reductions: list = []
     _record_reductions(reductions)
@@ -261,22 +293,22 @@ def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, 
         if step == save_at:
             worker.save_checkpoint(ckpt_dir, global_step=step)
             out["saved_schedule"] = worker._rpg_reference.schedule.state_dict()
-            saved_ref = local_state(_engine_module(worker.ref, "reference"))
+            saved_ref = local_state(engine_module(worker.ref, "reference"))
     out["final_schedule"] = worker._rpg_reference.schedule.state_dict()
-    final_ref = local_state(_engine_module(worker.ref, "reference"))
+    final_ref = local_state(engine_module(worker.ref, "reference"))
     if save_at is None:
         return out
 
     resumed = _periodic_worker(model_dir, world_size, refresh_steps, refresh_kl)
-    initial_ref = local_state(_engine_module(resumed.ref, "reference"))
+    initial_ref = local_state(engine_module(resumed.ref, "reference"))
     resumed.load_checkpoint(ckpt_dir)
     out["loaded_schedule"] = resumed._rpg_reference.schedule.state_dict()
-    out["loaded_ref_equal_saved"] = equal_states(local_state(_engine_module(resumed.ref, "reference")), saved_ref)
+    out["loaded_ref_equal_saved"] = equal_states(local_state(engine_module(resumed.ref, "reference")), saved_ref)
     out["saved_ref_differs_from_initial"] = not equal_states(saved_ref, initial_ref)
     for step in range(save_at + 1, steps + 1):
         out["resumed_steps"].append(_periodic_step(resumed, step, rank, world_size, reductions))
     out["resumed_final_schedule"] = resumed._rpg_reference.schedule.state_dict()
-    resumed_ref = local_state(_engine_module(resumed.ref, "reference"))
+    resumed_ref = local_state(engine_module(resumed.ref, "reference"))
     out["resumed_ref_max_diff"] = max(float((resumed_ref[k] - final_ref[k]).abs().max()) for k in final_ref)
     return out
 
@@ -286,49 +318,43 @@ def periodic_refresh(rank: int, world_size: int, model_dir: str, ckpt_dir: str, 
 # ---------------------------------------------------------------------------------------------------------------------
 def _params64(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """This rank's own shards of every parameter, in float64."""
-    return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().double().clone()
-            for k, v in module.named_parameters()}  # fmt: skip
+    return {k: local_shard(v).detach().double().clone() for k, v in module.named_parameters()}
 
 
 def _reference_step(worker, step: int, rank: int, world_size: int, decay: Optional[float]) -> dict[str, Any]:
     """One training step (π_old, π_ref, update of 2 optimizer steps); with `decay` τ, the largest gap between the
     reference's shards after the step and the float64 closed form τ·ref_before + (1 − τ)·actor_after."""
-    from verl.utils import tensordict_utils as tu
-
-    from rpg.reference.weights import engine_module
-
     actor, reference = engine_module(worker.actor, "actor"), engine_module(worker.ref, "reference")
     tensors = chunk(padded_batch(_PERIODIC_BATCH, seed=100 + step), rank, world_size)
     td = to_td(tensors)
     mask = tensors["response_mask"].bool()
     td["old_log_probs"] = _log_probs(worker, td, ref=False) * mask
     td["ref_log_prob"] = _log_probs(worker, td, ref=True) * mask
-    tu.assign_non_tensor(td, compute_loss=True, global_batch_size=_PERIODIC_MINI, mini_batch_size=_PERIODIC_MINI,
-                         epochs=1, seed=0, dataloader_kwargs={"shuffle": False})  # fmt: skip
+    for_update(td, _PERIODIC_MINI)
     before = _params64(reference)
     state = getattr(worker, "_rpg_reference", None)
     if state is not None and hasattr(state, "last_check"):
         state.last_check = None  # SMOKE=1's in-worker check of this step's blend (rpg/reference/ema.py)
     metrics = _metrics(worker.update_actor(td))
-    out = {"step": step, **{k.removeprefix("actor/rpg/"): v[0] for k, v in metrics.items()
-                            if k.startswith("actor/rpg/ref_") or k.startswith("actor/rpg/kl_c")}}  # fmt: skip
+    ours = {k: v for k, v in metrics.items() if k.startswith(("actor/rpg/ref_", "actor/rpg/kl_c"))}
+    out = {"step": step, **{k.removeprefix("actor/rpg/"): v[0] for k, v in ours.items()}}
     if decay is not None:
         after, theta = _params64(reference), _params64(actor)
-        out["blend_err"] = max(float((after[k] - (decay * before[k] + (1 - decay) * theta[k])).abs().max())
-                               for k in after)  # fmt: skip
+        blend = {k: decay * before[k] + (1 - decay) * theta[k] for k in after}
+        out["blend_err"] = max(float((after[k] - blend[k]).abs().max()) for k in after)
         out["moved"] = max(float((after[k] - before[k]).abs().max()) for k in after)
         out["gap_to_actor"] = max(float((after[k] - theta[k]).abs().max()) for k in after)
         out["worker_blend_check"] = worker._rpg_reference.last_check
     return out
 
 
-def ema_reference(rank: int, world_size: int, model_dir: str, ckpt_dir: str, reference: list[str], steps: int,
-                  decay: Optional[float] = None, save_at: Optional[int] = None) -> dict[str, Any]:  # fmt: skip
+def ema_reference(
+    rank: int, world_size: int, model_dir: str, ckpt_dir: str, reference: list[str], steps: int,
+    decay: Optional[float] = None, save_at: Optional[int] = None,
+) -> dict[str, Any]:
     """Train `steps` steps with the policy_loss overrides `reference`; checkpoint at `save_at`, then resume from it in
     a fresh worker and train the remaining steps. Returns per-step metrics and what each rank observed. Each write of
     the reference weights is checked in the worker, as SMOKE=1 does (`rpg.modes.VERIFY_ENV`)."""
-    from rpg.modes import VERIFY_ENV
-
     os.environ[VERIFY_ENV] = "1"
     try:
         return _ema_reference(rank, world_size, model_dir, ckpt_dir, reference, steps, decay, save_at)
@@ -336,10 +362,10 @@ def ema_reference(rank: int, world_size: int, model_dir: str, ckpt_dir: str, ref
         os.environ.pop(VERIFY_ENV)
 
 
-def _ema_reference(rank: int, world_size: int, model_dir: str, ckpt_dir: str, reference: list[str], steps: int,
-                   decay: Optional[float], save_at: Optional[int]) -> dict[str, Any]:  # fmt: skip
-    from rpg.reference.weights import engine_module
-
+def _ema_reference(
+    rank: int, world_size: int, model_dir: str, ckpt_dir: str, reference: list[str], steps: int,
+    decay: Optional[float], save_at: Optional[int],
+) -> dict[str, Any]:
     worker = _periodic_worker(model_dir, world_size, 0, 0.0, reference=reference)
     out: dict[str, Any] = {"steps": [], "resumed_steps": []}
     for step in range(1, steps + 1):
@@ -356,8 +382,8 @@ def _ema_reference(rank: int, world_size: int, model_dir: str, ckpt_dir: str, re
     resumed.load_checkpoint(ckpt_dir)
     out["loaded_ref_equal_saved"] = equal_states(local_state(engine_module(resumed.ref, "reference")), saved_ref)
     out["saved_ref_differs_from_initial"] = not equal_states(saved_ref, initial_ref)
-    out["loaded_beta_equal_saved"] = (resumed._rpg_kl_control.controller.state_dict() if resumed._rpg_kl_control
-                                      else None) == saved_beta  # fmt: skip
+    control = resumed._rpg_kl_control
+    out["loaded_beta_equal_saved"] = (control.controller.state_dict() if control else None) == saved_beta
     for step in range(save_at + 1, steps + 1):
         out["resumed_steps"].append(_reference_step(resumed, step, rank, world_size, decay))
     resumed_ref = local_state(engine_module(resumed.ref, "reference"))
@@ -372,7 +398,7 @@ _SF_BATCH, _SF_MINI = 8, 4
 
 
 def _sf_worker(model_dir: str, world_size: int):
-    import rpg.schedule_free_worker as sfw
+    import rpg.schedule_free_worker as sfw  # imports verl and Ray: in the rank processes only
 
     config = compose(model_dir, [
         f"actor_rollout_ref.actor.ppo_mini_batch_size={_SF_MINI}",
@@ -383,23 +409,22 @@ def _sf_worker(model_dir: str, world_size: int):
         "actor_rollout_ref.actor.policy_loss.loss_mode=rpg_reinforce_urkl",
         "+actor_rollout_ref.actor.policy_loss.kl_coef=0.05",
         "actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",
-        "actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree", "actor_rollout_ref.actor.optim.lr=1e-2",
+        "actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
         "actor_rollout_ref.actor.optim.weight_decay=0.1",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-    ])  # fmt: skip
+    ])
     worker = sfw.ScheduleFreeActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
     worker.init_model()
     return worker
 
 
 def _sf_step(worker, step: int, rank: int, world_size: int) -> dict[str, list]:
-    from verl.utils import tensordict_utils as tu
 
     tensors = chunk(padded_batch(_SF_BATCH, seed=200 + step), rank, world_size)
     td = to_td(tensors)
     td["old_log_probs"] = _log_probs(worker, td, ref=False) * tensors["response_mask"]
-    tu.assign_non_tensor(td, compute_loss=True, global_batch_size=_SF_MINI, mini_batch_size=_SF_MINI, epochs=1,
-                         seed=0, dataloader_kwargs={"shuffle": False})  # fmt: skip
+    for_update(td, _SF_MINI)
     return _metrics(worker.update_actor(td))
 
 
@@ -408,7 +433,7 @@ def _optimizer_state(optimizer) -> dict[str, torch.Tensor]:
     for i, (p, state) in enumerate(optimizer.state.items()):
         for key, value in state.items():
             if torch.is_tensor(value):
-                flat[f"{i}.{key}"] = (value.to_local() if hasattr(value, "to_local") else value).detach().clone()
+                flat[f"{i}.{key}"] = local_shard(value).detach().clone()
     return flat
 
 
@@ -417,21 +442,20 @@ def schedule_free(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> 
     at x; resume in a fresh worker; one more step in both. Returns what each rank observed."""
     from safetensors.torch import load_file
 
-    import rpg.schedule_free as sfm
+    import rpg.schedule_free as sfm  # imports verl and Ray: in the rank processes only
 
     worker = _sf_worker(model_dir, world_size)
     module, optimizer = worker.actor.engine.module, worker.actor.engine.optimizer
     out: dict[str, Any] = {}
-    out["first_ratio"] = [(m["actor/rpg/ratio_min"][0], m["actor/rpg/ratio_max"][0])
-                          for m in (_sf_step(worker, s, rank, world_size) for s in (1, 2))]  # fmt: skip
+    first = [_sf_step(worker, s, rank, world_size) for s in (1, 2)]
+    out["first_ratio"] = [(m["actor/rpg/ratio_min"][0], m["actor/rpg/ratio_max"][0]) for m in first]
     y, y_full = local_state(module), full_state(module)
     z = {p: optimizer.state[p]["z"] for group in optimizer.param_groups for p in group["params"]}
     beta1 = optimizer.param_groups[0]["betas"][0]
-    expected_x = {id(p): torch.lerp(sfm._local(p).detach(), sfm._local(z[p]), 1 - 1 / beta1)
-                  for group in optimizer.param_groups for p in group["params"]}  # fmt: skip
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    expected_x = {id(p): torch.lerp(local_shard(p).detach(), local_shard(z[p]), 1 - 1 / beta1) for p in params}
     out["average_changed"] = worker.set_schedule_free_weights(sfm.AVERAGE)
-    x_err = max(float((sfm._local(p).detach() - expected_x[id(p)]).abs().max())
-                for group in optimizer.param_groups for p in group["params"])  # fmt: skip
+    x_err = max(float((local_shard(p).detach() - expected_x[id(p)]).abs().max()) for p in params)
     out["x_matches_schedulefree_formula"] = x_err
     x_local = local_state(module)
     out["x_differs_from_y"] = not equal_states(x_local, y)
@@ -443,10 +467,8 @@ def schedule_free(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> 
     out["ckpt_is_y"] = equal_states(local_state(module), y)
     if rank == 0:
         hf = load_file(os.path.join(ckpt_dir, "huggingface", "model.safetensors"))
-        out["hf_export_max_diff_to_x"] = max(float((hf[k].float() - x_full[k].float()).abs().max())
-                                             for k in hf if k in x_full)  # fmt: skip
-        out["hf_export_max_diff_to_y"] = max(float((hf[k].float() - y_full[k].float()).abs().max())
-                                             for k in hf if k in y_full)  # fmt: skip
+        out["hf_export_max_diff_to_x"] = max_diff(hf, x_full)
+        out["hf_export_max_diff_to_y"] = max_diff(hf, y_full)
     saved_opt = _optimizer_state(optimizer)
 
     resumed = _sf_worker(model_dir, world_size)

@@ -38,7 +38,7 @@ def _free_port() -> int:
 def _rank_main(rank: int, world_size: int, port: int, sys_path: list[str], conn) -> None:
     sys.path[:] = sys_path
     os.environ.update(_ENV, WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_PORT=str(port))
-    try:
+    try:  # imports after the environment above: the CPU platform registers itself before verl is imported
         import torch.distributed as dist
 
         from rpg.cpu import platform as cpu_platform

@@ -32,8 +32,9 @@ def batch_and_model(tiny_qwen2_dir):
     """The mini-batch (π_old = the initial model's log-probs ± up to 0.8) and the plain HF model."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, attn_implementation="eager",
-                                                 torch_dtype=torch.float32)  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_qwen2_dir, attn_implementation="eager", torch_dtype=torch.float32
+    )
     batch = padded_batch(N, seed=5)  # response tokens: 15 on rank 0, 26 on rank 1; micro-batches 9, 6 | 18, 8
     with torch.no_grad():
         current = response_log_probs(model, batch)
@@ -44,8 +45,8 @@ def batch_and_model(tiny_qwen2_dir):
 
 def response_log_probs(model, batch) -> torch.Tensor:
     """(n, RESPONSE_W) log π(response token) from the left/right-padded batch, as verl's actor computes them."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch["position_ids"]).logits.float()  # fmt: skip
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
+    logits = model(**inputs).logits.float()
     width = batch["prompts"].shape[1]
     lp = torch.log_softmax(logits[:, width - 1 : -1], -1)
     return lp.gather(-1, batch["responses"][..., None]).squeeze(-1) * batch["response_mask"]
@@ -69,11 +70,11 @@ def one_piece_gradient(model, batch, loss_mode: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("loss_mode", LOSSES)
-def test_two_ranks_two_micro_batches_give_the_one_piece_gradient(two_ranks, tiny_qwen2_dir,
-                                                                batch_and_model, loss_mode):  # fmt: skip
+def test_two_ranks_two_micro_batches_give_the_one_piece_gradient(two_ranks, tiny_qwen2_dir, batch_and_model,
+                                                                loss_mode):
     batch, model = batch_and_model
-    results = two_ranks.run(first_update_gradient, model_dir=tiny_qwen2_dir, batch=batch,
-                            loss_mode=loss_mode, agg="token-mean", micro=MICRO, kl_coef=KL_COEF)  # fmt: skip
+    settings = dict(loss_mode=loss_mode, agg="token-mean", micro=MICRO, kl_coef=KL_COEF)
+    results = two_ranks.run(first_update_gradient, model_dir=tiny_qwen2_dir, batch=batch, **settings)
     total_tokens = int(batch["response_mask"].sum())
     for rank, result in enumerate(results):
         assert result["loss_calls"] == 2, f"rank {rank}: {result['loss_calls']} micro-batches, expected 2"

@@ -34,6 +34,8 @@ from verl_batch import actor_config, make_batch
 
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 LOSSES = ["rpg_rkl", "rpg_reinforce_urkl", "vanilla"]  # fully differentiable, REINFORCE-style, verl's own (control)
+REFUSED = "seq-mean-token-mean"  # for an RPG loss (tests/test_kl_aggregation_on_cpu.py)
+CASES = [(loss, agg) for loss in LOSSES for agg in AGG_MODES if not (loss.startswith("rpg") and agg == REFUSED)]
 RANKS, MICRO = 2, 2
 # one mini-batch of 8 sequences: 2 ranks × 2 micro-batches × 2 sequences; response lengths 1..9 (unequal token counts)
 PROMPT_LENS = [3, 1, 4, 2, 2, 4, 1, 3]
@@ -44,8 +46,10 @@ PROMPT_W, RESPONSE_W, VOCAB, DIM = 4, 9, 7, 5
 def config(loss_mode: str, agg: str) -> ActorConfig:
     # kl_coef large enough that the KL term matters (RPG losses only: verl's own refuse it); (0.2, 0.28, c=3) so every
     # dual-clip branch occurs
-    return actor_config(loss_mode, strategy="fsdp2", c=3.0, agg=agg,
-                        **({"kl_coef": 0.2} if loss_mode.startswith("rpg") else {}))
+    cfg = actor_config(loss_mode, strategy="fsdp2", c=3.0, agg=agg,
+                       **({"kl_coef": 0.2} if loss_mode.startswith("rpg") else {}))
+    object.__setattr__(cfg, "loss_scale_factor", RESPONSE_W)  # seq-mean-token-sum-norm's constant (ppo_loss copies it)
+    return cfg
 
 
 class SoftmaxPolicy:
@@ -95,9 +99,9 @@ def grad_split(policy: SoftmaxPolicy, td, cfg: ActorConfig, dynamic_bsz: bool) -
     total_tokens = int(td["response_mask"].sum())  # the engine's all-reduced `loss_mask.sum()`
     rank_grads, n_micro = [], 0
     for rank_td in tu.chunk_tensordict(td, RANKS):  # the dispatch: contiguous chunks, one per dp rank
-        tu.assign_non_tensor(rank_td, dp_size=RANKS, batch_num_tokens=total_tokens, global_batch_size=len(td),
-                             use_dynamic_bsz=dynamic_bsz, micro_batch_size_per_gpu=len(td) // (RANKS * MICRO),
-                             max_token_len_per_gpu=12)  # fmt: skip
+        global_info = dict(dp_size=RANKS, batch_num_tokens=total_tokens, global_batch_size=len(td))
+        micro = dict(micro_batch_size_per_gpu=len(td) // (RANKS * MICRO), max_token_len_per_gpu=12)
+        tu.assign_non_tensor(rank_td, use_dynamic_bsz=dynamic_bsz, **global_info, **micro)
         micro_batches, _ = prepare_micro_batches(rank_td)
         grad = torch.zeros_like(policy.theta)
         for mb in micro_batches:
@@ -109,8 +113,7 @@ def grad_split(policy: SoftmaxPolicy, td, cfg: ActorConfig, dynamic_bsz: bool) -
 
 
 @pytest.mark.parametrize("dynamic_bsz", [False, True], ids=["fixed-micro", "dynamic-bsz"])
-@pytest.mark.parametrize("agg", AGG_MODES)
-@pytest.mark.parametrize("loss_mode", LOSSES)
+@pytest.mark.parametrize("loss_mode,agg", CASES)
 def test_micro_batches_over_ranks_give_the_one_piece_gradient(loss_mode, agg, dynamic_bsz):
     policy = SoftmaxPolicy()
     td = mini_batch(policy)
@@ -129,14 +132,19 @@ class _Blind(dict):
         pass
 
 
-@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("agg", [m for m in AGG_MODES if m != REFUSED])
 def test_a_loss_blind_to_global_batch_info_fails(agg):
     """The check has teeth: hiding `global_batch_info` from the loss (per-micro-batch normalisation) misses the
-    one-piece gradient in every mode by far more than the tolerance."""
+    one-piece gradient in every mode by far more than the tolerance (seq-mean-token-sum-norm, blind to its fixed
+    scale too, is refused by the loss)."""
     policy = SoftmaxPolicy()
     td = mini_batch(policy)
     cfg = config("rpg_reinforce_urkl", agg)
     reference = grad_one_piece(policy, td, cfg)
     object.__setattr__(cfg, "global_batch_info", _Blind())
+    if agg == "seq-mean-token-sum-norm":
+        with pytest.raises(ValueError, match="no actor_rollout_ref.actor.loss_scale_factor"):
+            grad_split(policy, td, cfg, dynamic_bsz=False)
+        return
     split, _ = grad_split(policy, td, cfg, dynamic_bsz=False)
     assert (split - reference).norm() > 0.05 * reference.norm(), agg

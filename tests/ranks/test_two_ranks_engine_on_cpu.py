@@ -42,8 +42,10 @@ K_STEPS = 6
 @pytest.fixture(scope="module")
 def periodic_by_k(two_ranks, tiny_qwen2_dir, tmp_path_factory):
     ckpt = str(tmp_path_factory.mktemp("periodic_k") / "global_step_3" / "actor")
-    return two_ranks.run(periodic_refresh, model_dir=tiny_qwen2_dir, ckpt_dir=ckpt, refresh_steps=3,
-                         refresh_kl=0.0, steps=K_STEPS, save_at=3)  # fmt: skip
+    return two_ranks.run(
+        periodic_refresh, model_dir=tiny_qwen2_dir, ckpt_dir=ckpt, refresh_steps=3, refresh_kl=0.0, steps=K_STEPS,
+        save_at=3,
+    )
 
 
 def test_refresh_by_k_on_every_rank_together(periodic_by_k):
@@ -63,8 +65,8 @@ def test_the_kl_is_reduced_over_ranks(periodic_by_k):
         expected = (a["local_kl_sum"] + b["local_kl_sum"]) / (a["local_tokens"] + b["local_tokens"])
         assert math.isclose(a["ref_kl"], expected, rel_tol=1e-12)
         assert a["local_tokens"] != b["local_tokens"] or a["local_kl"] != b["local_kl"]  # the ranks saw other data
-    assert any(abs(a["local_kl"] - b["local_kl"]) > 0.1 * max(a["local_kl"], b["local_kl"])
-               for a, b in zip(r0["steps"], r1["steps"]))  # fmt: skip
+    pairs = zip(r0["steps"], r1["steps"])
+    assert any(abs(a["local_kl"] - b["local_kl"]) > 0.1 * max(a["local_kl"], b["local_kl"]) for a, b in pairs)
 
 
 def test_checkpoint_and_resume_on_every_rank(periodic_by_k):
@@ -83,8 +85,10 @@ def test_refresh_by_kl_threshold_is_a_joint_decision(periodic_by_k, two_ranks, t
     first = [out["steps"][0]["local_kl"] for out in periodic_by_k]
     kappa = sum(first) / 2
     assert min(first) < kappa < max(first)
-    runs = two_ranks.run(periodic_refresh, model_dir=tiny_qwen2_dir, ckpt_dir=str(tmp_path / "unused"),
-                         refresh_steps=0, refresh_kl=kappa, steps=4)  # fmt: skip
+    unused = str(tmp_path / "unused")
+    runs = two_ranks.run(
+        periodic_refresh, model_dir=tiny_qwen2_dir, ckpt_dir=unused, refresh_steps=0, refresh_kl=kappa, steps=4
+    )
     r0, r1 = ([s["step"] for s in out["steps"] if s["ref_refreshed"]] for out in runs)
     assert r0 == r1, f"rank 0 refreshed at {r0}, rank 1 at {r1}"
     assert r0, "κ never fired"
@@ -97,15 +101,16 @@ def test_refresh_by_kl_threshold_is_a_joint_decision(periodic_by_k, two_ranks, t
 
 P = "+actor_rollout_ref.actor.policy_loss."
 TAU, TARGET, HORIZON = 0.9, 1e-5, 2.0
-EMA_BETA = [f"{P}reference=ema", f"{P}ref_ema_decay={TAU}", f"{P}ref_ema_period=2", f"{P}kl_control=adaptive",
-            f"{P}kl_target={TARGET}", f"{P}kl_horizon={HORIZON}"]  # fmt: skip
+EMA = [f"{P}reference=ema", f"{P}ref_ema_decay={TAU}", f"{P}ref_ema_period=2"]
+EMA_BETA = EMA + [f"{P}kl_control=adaptive", f"{P}kl_target={TARGET}", f"{P}kl_horizon={HORIZON}"]
 
 
 @pytest.fixture(scope="module")
 def ema_run(two_ranks, tiny_qwen2_dir, tmp_path_factory):
     ckpt = str(tmp_path_factory.mktemp("ema") / "global_step_2" / "actor")
-    return two_ranks.run(ema_reference, model_dir=tiny_qwen2_dir, ckpt_dir=ckpt, reference=EMA_BETA, steps=4,
-                         decay=TAU, save_at=2)  # fmt: skip
+    return two_ranks.run(
+        ema_reference, model_dir=tiny_qwen2_dir, ckpt_dir=ckpt, reference=EMA_BETA, steps=4, decay=TAU, save_at=2
+    )
 
 
 def test_the_ema_blend_is_the_closed_form_on_every_rank(ema_run):
@@ -146,10 +151,10 @@ def test_ema_and_beta_checkpoint_and_resume_on_every_rank(ema_run):
 
 def test_ema_with_tau_zero_is_periodic_with_k_one_training_step(ema_run, two_ranks, tiny_qwen2_dir, tmp_path):
     unused = str(tmp_path / "unused")
-    ema = two_ranks.run(ema_reference, model_dir=tiny_qwen2_dir, ckpt_dir=unused, steps=3,
-                        reference=[f"{P}reference=ema", f"{P}ref_ema_decay=0.0", f"{P}ref_ema_period=1"])  # fmt: skip
-    periodic = two_ranks.run(ema_reference, model_dir=tiny_qwen2_dir, ckpt_dir=unused, steps=3,
-                             reference=[f"{P}reference=periodic", f"{P}ref_refresh_steps=2"])  # fmt: skip
+    tau_zero = [f"{P}reference=ema", f"{P}ref_ema_decay=0.0", f"{P}ref_ema_period=1"]
+    ema = two_ranks.run(ema_reference, model_dir=tiny_qwen2_dir, ckpt_dir=unused, steps=3, reference=tau_zero)
+    k_two = [f"{P}reference=periodic", f"{P}ref_refresh_steps=2"]
+    periodic = two_ranks.run(ema_reference, model_dir=tiny_qwen2_dir, ckpt_dir=unused, steps=3, reference=k_two)
     for rank in (0, 1):
         a, b = ema[rank], periodic[rank]
         assert [s["ref_kl"] for s in a["steps"]] == [s["ref_kl"] for s in b["steps"]], rank

@@ -1,18 +1,24 @@
 """Resuming a periodic-reference run keeps its promise or refuses (rpg/reference/written.py `WrittenReference.load`).
 
 A checkpoint without the reference state must not silently restart from the initial model; a corrupt state file is
-named; a non-finite KL moving average is rejected. Fake engines (no verl worker): < 1 s.
+named; a non-finite KL moving average is rejected. The launcher's resume check (rpg/preflight/resume_ckpt.py) expects
+exactly the files these writers save, under the names they define. Fake engines (no verl worker): < 1 s.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from types import SimpleNamespace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from rpg.preflight import resume_ckpt
+from rpg.reference import adaptive_kl, written
+from rpg.reference.adaptive_kl import AdaptiveBeta, AdaptiveKLCoef
 from rpg.reference.periodic import PeriodicReference
 from rpg.reference.schedule import RefreshSchedule
 
@@ -87,3 +93,60 @@ def test_non_finite_kl_ema_is_rejected_by_the_schedule():
     state = dict(s.state_dict(), kl_ema=float("nan"))
     with pytest.raises(ValueError, match="kl_ema"):
         s.load_state_dict(state)
+
+
+# ---- the launcher's resume check reads the names these writers save under (rpg/preflight/resume_ckpt.py) ----------
+def _resume_config(folder):
+    return OmegaConf.create({
+        "algorithm": {"adv_estimator": "rpg"},
+        "critic": {"enable": False},
+        "trainer": {"n_gpus_per_node": 1, "nnodes": 1, "resume_mode": "auto", "default_local_dir": str(folder),
+                    "v1": {"trainer_mode": "sync"}},
+        "actor_rollout_ref": {"actor": {"policy_loss": {"reference": "periodic", "kl_control": "adaptive"}}},
+    })
+
+
+def _write_rpg_state(step_dir):
+    """What the writers save at a checkpoint: the periodic reference after one refresh (state + weights) and the
+    adaptive β's state."""
+    ctl = _periodic()
+    assert ctl.schedule.update(0.01, 4)  # K = 4 optimizer steps: a refresh, so the weights are saved too
+    ctl.save(str(step_dir / "actor"), global_step=1)
+    AdaptiveBeta(AdaptiveKLCoef(1e-3, 1e-3, 10.0)).save(str(step_dir / "actor"), global_step=1)
+
+
+def _rpg_pieces(cfg, step_dir):
+    return {rel for rel, _ in resume_ckpt.expected(cfg, step_dir) if "/rpg_" in rel}
+
+
+def test_the_resume_check_expects_what_the_writers_write(tmp_path):
+    step_dir = tmp_path / "global_step_1"
+    _write_rpg_state(step_dir)
+    cfg = _resume_config(tmp_path)
+    pieces = _rpg_pieces(cfg, step_dir)
+    assert pieces == {resume_ckpt.REFERENCE_STATE, resume_ckpt.REFERENCE_WEIGHTS, resume_ckpt.KL_CONTROL}
+    assert all((step_dir / rel).is_file() for rel in pieces), sorted(p for p in pieces if not (step_dir / p).is_file())
+    missing = {rel for rel, _ in resume_ckpt.missing(cfg, step_dir)}
+    assert not missing & pieces
+
+
+@pytest.mark.parametrize("module,name", [(written, "STATE_FILE"), (written, "REF_MODEL_DIR"),
+                                         (adaptive_kl, "KL_CONTROL_FILE")])
+def test_a_writer_renaming_its_file_is_seen_by_the_resume_check(tmp_path, monkeypatch, module, name):
+    """The mutant: a writer that saves under another name (the check's names copied, not read from the writer)
+    leaves a checkpoint the resume check calls incomplete."""
+    monkeypatch.setattr(module, name, getattr(module, name) + ".renamed")
+    step_dir = tmp_path / "global_step_1"
+    _write_rpg_state(step_dir)
+    missing = {rel for rel, _ in resume_ckpt.missing(_resume_config(tmp_path), step_dir)}
+    assert missing & _rpg_pieces(_resume_config(tmp_path), step_dir), missing
+
+
+def test_the_resume_checks_verl_names_are_verls():
+    """verl's names in the check (its tracker file, the per-rank file prefixes of FSDPCheckpointManager's save)."""
+    from verl.utils.checkpoint import checkpoint_manager, fsdp_checkpoint_manager
+
+    assert checkpoint_manager.get_checkpoint_tracker_filename("root") == os.path.join("root", resume_ckpt.TRACKER)
+    save = inspect.getsource(fsdp_checkpoint_manager.FSDPCheckpointManager.save_checkpoint)
+    for prefix in resume_ckpt.RANK_FILES.values():
+        assert f'f"{prefix}_world_size_{{self.world_size}}_rank_{{self.rank}}.pt"' in save, prefix

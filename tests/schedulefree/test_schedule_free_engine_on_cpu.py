@@ -16,6 +16,7 @@ import torch
 
 import rpg.schedule_free as sfm
 import rpg.schedule_free_worker as sfw
+from rpg.shards import local_shard
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn, register_policy_loss
 
 SPY_CALLS: list[torch.Tensor] = []
@@ -104,7 +105,7 @@ def _rollout_weights(worker) -> dict[str, torch.Tensor]:
 
 
 def _params(worker) -> dict[str, torch.Tensor]:
-    return {n: sfm._local(p).detach().clone() for n, p in worker.actor.engine.module.named_parameters()}
+    return {n: local_shard(p).detach().clone() for n, p in worker.actor.engine.module.named_parameters()}
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -188,7 +189,7 @@ def run(cpu_engine_env, tiny_qwen2_dir, tmp_path_factory):
     live = worker.actor.engine.optimizer.state_dict()  # references to the live tensors: copy before step 3
     rec["opt_state_2"] = {
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in live["param_groups"]],
-        "state": {i: {k: sfm._local(v).clone() for k, v in s.items()} for i, s in live["state"].items()},
+        "state": {i: {k: local_shard(v).clone() for k, v in s.items()} for i, s in live["state"].items()},
     }
     rec["ratios_step3"] = _rl_step(worker, seed=3)
     rec["params_3"] = _params(worker)
@@ -243,7 +244,7 @@ def test_checkpoint_holds_y_and_hf_export_holds_x(run):
     assert all(g["train_mode"] for g in optim["param_groups"])
     # the resume check reads the same fact from verl's real FSDP2 shard (DTensors) without loading it
     assert sfm._saved_optimizer_is_schedule_free(os.path.join(ckpt, "optim_world_size_1_rank_0.pt")) is True
-    y_saved = {k: sfm._local(v) for k, v in shards.items() if k in run["y2"]}
+    y_saved = {k: local_shard(v) for k, v in shards.items() if k in run["y2"]}
     assert _same(run["y2"], y_saved)
     hf = load_file(os.path.join(ckpt, "huggingface", "model.safetensors"))
     x = run["x2_rollout"]
@@ -265,7 +266,7 @@ def test_resume_continues_the_same_iterates(run):
         assert state["param_groups"][0][key] == ref["param_groups"][0][key], key
     for i, s in ref["state"].items():
         for name in ("z", "exp_avg_sq"):
-            assert torch.equal(sfm._local(state["state"][i][name]), sfm._local(s[name])), (i, name)
+            assert torch.equal(local_shard(state["state"][i][name]), local_shard(s[name])), (i, name)
     ratios = _rl_step(resumed, seed=3)
     assert torch.count_nonzero(ratios[0]) == 0
     assert _same(run["params_3"], _params(resumed))  # bit-exact continuation of the uninterrupted run
