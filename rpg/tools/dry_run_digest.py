@@ -1,4 +1,5 @@
-"""Digest of every recipe's resolved dry-run config: `python -m rpg.tools.dry_run_digest [--write FILE] [--yaml-dir DIR]`.
+"""Digest of every recipe's resolved dry-run config:
+`python -m rpg.tools.dry_run_digest [--plans] [--write FILE] [--yaml-dir DIR]`.
 
 For each `recipe/rpg/{7b,4b,cpu}/run_*.sh` it takes the launcher's final command (`RPG_PRINT_ARGV=1`, the environment
 cleared of the recipe knobs so the scripts' own defaults apply), composes the overrides in this process as
@@ -29,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
+from rpg.atomic import atomic_write_text
 from rpg.preflight import recipe_argv as ra
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +41,8 @@ PROFILES = ("7b", "4b", "cpu")
 CLEARED = (
     *ra.KNOB_NAMES, *ra.REFUSED, *ra.CPU_DEFAULTS,
     *"TINY_DIR RAY_ADDRESS RPG_DRY_RUN PYTHON RPG_PRINT_ARGV VERL_USE_EXTERNAL_MODULES RPG_JOB_ENV RPG_RAY_FOLLOW "
-    "RPG_RAY_JOB_ID RPG_MEMORY_PLAN VERL_PLATFORM VERL_ENGINE_DEVICE SMOKE RPG_SMOKE_DIR SMOKE_ROLLOUT GPU_MEMORY_GIB".split(),
+    "RPG_RAY_JOB_ID RPG_MEMORY_PLAN VERL_PLATFORM VERL_ENGINE_DEVICE SMOKE RPG_SMOKE_DIR SMOKE_ROLLOUT "
+    "GPU_MEMORY_GIB".split(),
 )
 
 
@@ -131,28 +134,28 @@ def plan_text(validated) -> str:
     summary (no refusals; whether the prompt lengths were checked is left out), the checkpoint-disk estimate (a hub
     model only: a local model's shape is on this machine or not), the GPU memory plan's breakdown and problems on
     both cross-entropy paths (GPU runs) and the overrides of both smoke launches. Run under `fixed_machine()`."""
-    # deferred, as `normalised_yaml`'s: the launcher's modules import omegaconf and Hydra, which the bash-only helpers
-    # of this module (`recipe_env`, `printed`, used by the recipe tests) do not need
+    # deferred, as `normalised_yaml`'s: the launcher's modules import torch (the loss table) and Hydra, which the
+    # bash-only helpers of this module (`recipe_env`, `printed`, used by the recipe tests) do not need
     from rpg import smoke
     from rpg.preflight import disk
     from rpg.preflight.gpu import is_gpu_run
-    from rpg.preflight.memory import memory_plan
+    from rpg.preflight.memory_config import memory_plan
     from rpg.preflight.summary import summary_lines
 
     config = validated.config
-    lines = [_PROMPTS.sub("prompt lengths <this machine>", x) for x in summary_lines(config, [])]
+    lines = [_PROMPTS.sub("prompt lengths <this machine>", x) for x in summary_lines(validated, [])]
     if os.path.isabs(os.path.expanduser(str(config.actor_rollout_ref.model.path))):
         lines.append("disk: a local model (not estimated here)")
     else:
-        est = disk.estimate(config)
+        est = disk.estimate(validated)
         lines += [f"disk: {k} {v:.0f} B" for k, v in est.parts.items()] + [f"disk: {est.copies} copies ({est.why})"]
     if is_gpu_run(config):
         for flash_ce in (False, True):
-            plan = memory_plan(config, budget_gib=80.0, flash_ce=flash_ce)
+            plan = memory_plan(validated, budget_gib=80.0, flash_ce=flash_ce)
             lines += [f"plan (flash_ce={flash_ce}): {x}" for x in plan.breakdown().splitlines() + plan.problems()]
     paths = smoke.SmokePaths(Path("/smoke"), str(config.trainer.experiment_name))
     for phase in (smoke.SAVE, smoke.RESUME):
-        lines.append(f"smoke {phase}: " + " ".join(smoke.smoke_overrides(config, paths, phase)))
+        lines.append(f"smoke {phase}: " + " ".join(smoke.smoke_overrides(validated, paths, phase)))
     return "\n".join(lines).replace(str(REPO), "<repo>") + "\n"
 
 
@@ -185,8 +188,6 @@ def main(argv: Optional[list[str]] = None) -> None:
     golden = "dry_run_plan_golden.txt" if args.plans else "dry_run_golden.txt"
     text = f"# {command} --write tests/recipes/{golden}\n" + "\n".join(lines) + "\n"
     if args.write:
-        from rpg.atomic import atomic_write_text
-
         atomic_write_text(args.write, text)
     sys.stdout.write(text)
 
