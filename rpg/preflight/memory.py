@@ -71,6 +71,7 @@ HEADROOM_GIB = 2.0  # allocator fragmentation and small buffers: a phase must fi
 # Measured on one GPU (issue 33; docs/gpu.md#checking-the-plan-on-one-gpu)
 TOPK_SUPPORT_BYTES = 8  # per token and support entry: int32 id + fp32 log-prob (rpg.topk_kl.Support)
 TOPK_CHUNK_TOKENS = 1024  # rows of the top-k KL's chunked log-sum-exp (rpg.topk_kl.DEFAULT_CHUNK_TOKENS)
+TOPK_BACKWARD_FP32_CHUNKS = 2  # fp32 (chunk, V) tensors its backward holds at once (docs/benchmarks.md#topk-kl-gpu)
 TORCH_CE_FP32_COPIES = 1  # fp32 tokens × vocab tensors torch's cross-entropy path adds at the logits moment (H200)
 CUDA_HIDDEN_MIB = ((81_559, 480), (143_771, 615))  # (NVML total, NVML − mem_get_info total) MiB: H100, H200
 
@@ -359,6 +360,16 @@ def sampler_gib(m: ModelShape, s: Settings) -> tuple[float, float]:
     return peak, outside
 
 
+def topk_backward_gib(tokens: int, vocab: int, compute_bytes: int = 2) -> float:
+    """What the top-k KL's backward holds beyond verl's own at the update's logits moment, its support aside, GiB
+    (docs/losses.md#topk-costs): its `(tokens, V)` logits gradient in the compute precision, and
+    `TOPK_BACKWARD_FP32_CHUNKS` fp32 `(chunk, V)` tensors of the chunked log-sum-exp's backward
+    (`rpg.topk_kl._ChunkedLogSumExp.backward`: a chunk of the bf16 logits upcast to fp32, and its difference from the
+    log-sum-exp, exponentiated in place). Measured on an H200 within 1 % (docs/benchmarks.md#topk-kl-gpu)."""
+    chunk = min(tokens, TOPK_CHUNK_TOKENS)
+    return (tokens * vocab * compute_bytes + TOPK_BACKWARD_FP32_CHUNKS * chunk * vocab * 4) / GIB
+
+
 def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB, model: str = "") -> MemoryPlan:
     """The per-GPU plan of `m` under `s` (pure arithmetic, GiB)."""
     P, dp = m.param_count(), max(s.n_gpus, 1)
@@ -414,10 +425,9 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
              "logits": (0.0 if s.fused_kernels else 1.0 + (2.0 if s.entropy else 0.0))
              * Ti * m.vocab_size * s.compute_bytes / GIB}
     if s.topk:  # docs/losses.md#topk-costs: 8·k bytes per token, the chunked log-sum-exp, its own logits gradient
-        chunk_update, chunk_infer = min(T, TOPK_CHUNK_TOKENS), min(Ti, TOPK_CHUNK_TOKENS)
+        chunk_infer = min(Ti, TOPK_CHUNK_TOKENS)
         backward["top-k KL support (8·k B/token)"] = TOPK_SUPPORT_BYTES * s.topk * T / GIB
-        backward["top-k KL logits gradient + chunk"] = (
-            T * m.vocab_size * s.compute_bytes + chunk_update * m.vocab_size * 4) / GIB
+        backward["top-k KL logits gradient + fp32 chunks"] = topk_backward_gib(T, m.vocab_size, s.compute_bytes)
         infer["top-k KL support + selection chunk"] = (
             TOPK_SUPPORT_BYTES * s.topk * Ti + 2 * chunk_infer * m.vocab_size * 4) / GIB
     update_moments = {"backward": backward, "end of backward": end_backward, "optimizer step": step, "log-prob": infer}
