@@ -91,10 +91,10 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def config_warning(config) -> Optional[str]:
-    """`clip_warning` for a composed config whose loss is the KL add-on (None for any other loss)."""
-    actor = config.actor_rollout_ref.actor
-    if not str(actor.policy_loss.loss_mode).startswith("rpg_kl_"):
+def config_warning(validated) -> Optional[str]:
+    """`clip_warning` for a validated run (`rpg.preflight.verl_configs.ValidatedConfig`) whose loss is the KL add-on,
+    over its typed `base_loss_mode` (None for any other loss)."""
+    settings, actor = validated.rpg, validated.actor
+    if settings is None or not str(settings.loss_mode).startswith("rpg_kl_"):
         return None
-    base = str(actor.policy_loss.get("base_loss_mode", None) or "vanilla")
-    return clip_warning(base, float(actor.clip_ratio_low), float(actor.clip_ratio_high))
+    return clip_warning(settings.base_loss_mode, float(actor.clip_ratio_low), float(actor.clip_ratio_high))

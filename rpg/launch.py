@@ -37,8 +37,10 @@ of `policy_loss` (kl_coef, reference, ...) may be given with or without the `+`.
 
 The checks live in `rpg.preflight`, one module per concept: `compose` (Hydra composition), `verl_configs` (verl's
 dataclasses and `validate_config`), `rpg_rules` (the loss rules), `recipe_rules` (recipe-level rules), `inputs`
-(paths, context length, data coverage), `gpu` (memory plan, engines, GPUs), `memory` (the plan's estimator);
-`recipe_argv` turns a recipe script's line and the environment knobs into this module's command line and `ray_submit` submits it to a Ray cluster. This module reads top to bottom: compose → checks → dry run or launch.
+(paths, context length, data coverage), `gpu` (memory plan, engines, GPUs), `memory` (the plan's estimator),
+`memory_config` (a validated run's memory plan); `recipe_argv` turns a recipe script's line and the environment knobs
+into this module's command line and `ray_submit` submits it to a Ray cluster. This module reads top to bottom:
+compose → checks → dry run or launch. Every check after `validate` reads the `ValidatedConfig` it returns.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ if __name__ == "__main__" and (_problem := early.verl_problem()):  # say what to
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from rpg import addon_bases, install, smoke  # noqa: E402
+from rpg.loss_table import describe_losses  # noqa: E402
+from rpg.preflight import shared_ckpt  # noqa: E402
 from rpg.preflight.compose import (  # noqa: F401,E402  (public names of rpg.launch)
     CONFIG_DIR,
     CONFIG_NAME,
@@ -66,6 +71,7 @@ from rpg.preflight.compose import (  # noqa: F401,E402  (public names of rpg.lau
     finish,
     normalise_overrides,
 )
+from rpg.preflight.disk import problem as checkpoint_disk_problem  # noqa: E402
 from rpg.preflight.gpu import check_gpu_launch, is_gpu_run  # noqa: E402
 from rpg.preflight.inputs import PATH_RULES, RECIPE_KNOBS, RESUME_MODES, check_paths  # noqa: F401,E402
 from rpg.preflight.prompts import prompt_length_problems  # noqa: E402
@@ -82,6 +88,7 @@ from rpg.preflight.rpg_rules import RPG_POLICY_LOSS_TARGETS, RPG_RULES, check_re
 from rpg.preflight.summary import launch_refusals, summary_lines  # noqa: E402
 from rpg.preflight.wandb_check import check_wandb  # noqa: E402
 from rpg import ray_start  # noqa: E402
+from rpg.preflight.validation import compose_and_validate, validate  # noqa: F401,E402  (public names of rpg.launch)
 from rpg.preflight.verl_configs import ValidatedConfig, build_verl_configs  # noqa: F401,E402
 
 DRY_RUN_ENV = "RPG_DRY_RUN"
@@ -93,40 +100,6 @@ _TRUE, _FALSE = ("1", "true", "yes", "on", SUMMARY_ONLY), ("", "0", "false", "no
 # --------------------------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------------------------
-def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfig:
-    """All checks on a composed config: verl's, the dataclass builds, the recipe rules and the RPG rules.
-
-    Local paths that do not exist (`check_paths`) are returned in `path_problems` (a dry run reports them), or raised
-    with `real_launch=True`.
-    """
-    from rpg import install
-    from rpg.dynamic_sampling import check_config as check_dynamic_sampling
-    from rpg.schedule_free import check_config as check_schedule_free
-
-    validated = build_verl_configs(config)
-    validated.path_problems = check_paths(config)
-    if real_launch and validated.path_problems:
-        raise RecipeConfigError("missing input:\n- " + "\n- ".join(validated.path_problems))
-    validate_recipe(config)
-    if problems := prompt_length_problems(config):
-        raise RecipeConfigError("prompts longer than the configured length:\n- " + "\n- ".join(problems))
-    policy_loss = validated.actor.policy_loss  # built once, with the actor: every check reads this object
-    validated.rpg = validate_rpg(config, policy_loss)
-    check_schedule_free(config)  # optimizer and trainer agree (schedule-free needs its trainer mode, and only it)
-    validated.install = install.selected(config, policy_loss)
-    try:  # what the run installs in every process (rpg.install): an unsupported verl fails here, before Ray
-        install.check(validated.install)
-    except RuntimeError as e:
-        raise RecipeConfigError(f"invalid RPG configuration:\n- {e}") from None
-    check_dynamic_sampling(config)  # max_num_gen_batches reaches a sampler that bounds the step
-    return validated
-
-
-def compose_and_validate(overrides: Sequence[str]) -> ValidatedConfig:
-    """Compose verl's config with `overrides` and run every check, in-process (no Ray). For tests and tools."""
-    return validate(compose_config(overrides))
-
-
 def dry_run_requested(environ=None) -> bool:
     environ = os.environ if environ is None else environ  # read now: `datasets` (num_proc) replaces os.environ
     value = environ.get(DRY_RUN_ENV, "").strip().lower()
@@ -138,11 +111,11 @@ def dry_run_requested(environ=None) -> bool:
 
 @dataclasses.dataclass
 class SmokeRun:
-    """A smoke run (`SMOKE=1`, `rpg.smoke`): the recipe's config without the smoke overrides, its smoke folder, and
+    """A smoke run (`SMOKE=1`, `rpg.smoke`): the recipe without the smoke overrides, validated, its smoke folder, and
     which launch this process is (`rpg.smoke.SAVE`/`RESUME`; None: the launcher that runs both)."""
 
-    full: DictConfig
-    paths: "smoke.SmokePaths"  # noqa: F821
+    full: ValidatedConfig
+    paths: smoke.SmokePaths
     phase: Optional[str]
     rollout: str = "small"
 
@@ -155,18 +128,16 @@ def smoke_setup(args: Sequence[str], dry_run: bool) -> tuple[list[str], Optional
     """With SMOKE=1: the overrides to append to `args` (`rpg.smoke.smoke_overrides` of the composed recipe, for this
     process's launch; smoke folder RPG_SMOKE_DIR, default outputs/smoke) and the `SmokeRun`; else ([], None). A dry
     run shows launch 2's config (the resumed step 2 and its validation) and makes no folder."""
-    from rpg import smoke
-
     try:
         if not smoke.smoke_requested():
             return [], None
         rollout = smoke.smoke_rollout()
     except ValueError as e:
         raise RecipeConfigError(str(e)) from None
-    full = compose_config(args)
-    if rollout == "full" and str(full.trainer.get("device", "cuda")) == "cpu":
+    full = validate(compose_config(args))  # the recipe's own config: its smoke overrides and report read it
+    if rollout == "full" and str(full.config.trainer.device) == "cpu":
         raise RecipeConfigError(f"{smoke.ROLLOUT_ENV}=full decodes the recipe's whole batch to reach the GPU's "
-                                "KV-cache and sampler peak; a CPU run has neither: unset it")  # fmt: skip
+                                "KV-cache and sampler peak; a CPU run has neither: unset it")
     paths = smoke.smoke_paths(full, os.environ.get(SMOKE_DIR_ENV) or "outputs/smoke")
     phase = os.environ.get(smoke.PHASE_ENV) or (smoke.RESUME if dry_run else None)
     if phase not in (None, smoke.SAVE, smoke.RESUME):
@@ -178,8 +149,6 @@ def smoke_setup(args: Sequence[str], dry_run: bool) -> tuple[list[str], Optional
 def smoke_dry_run_save(args: Sequence[str], smoke_run: SmokeRun) -> None:
     """A smoke dry run's launch 1 of 2 (save), dry-run in this process before Hydra runs launch 2 (resume); nothing
     when RPG_SMOKE_PHASE names the one launch to show."""
-    from rpg import smoke
-
     if os.environ.get(smoke.PHASE_ENV):
         return
     save = dataclasses.replace(smoke_run, phase=smoke.SAVE)
@@ -191,7 +160,6 @@ def smoke_dry_run_save(args: Sequence[str], smoke_run: SmokeRun) -> None:
 def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     """Validate, then dry-run (print YAML) or train with verl's `run_ppo`, as `verl.trainer.main_ppo.main` does; a
     smoke run then prints its report (`rpg.smoke.summarize`)."""
-    from rpg import addon_bases
     from verl.utils.device import auto_set_device
 
     finish(config)  # the recipe variables and every oc.env resolved here, before Ray (rpg.preflight.compose)
@@ -204,16 +172,16 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
     if warning := async_correction_warning(config):  # asynchronous without TIS weights: docs/async.md#no-correction
         print(warning, file=sys.stderr)
     check_wandb(config, dry_run=dry_run)  # wandb's credentials or offline mode, not at wandb.init minutes in
-    if warning := addon_bases.config_warning(config):  # the add-on base's clip (docs/losses.md#addon-bases)
+    if warning := addon_bases.config_warning(validated):  # the add-on base's clip (docs/losses.md#addon-bases)
         print(warning, file=sys.stderr)
     # GPU runs: the memory plan line (over budget: an error), then what this node lacks for a local launch
-    check_gpu_launch(config, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))
+    check_gpu_launch(validated, dry_run=dry_run, local=not os.environ.get("RAY_ADDRESS"))
     if smoke_run is not None:
-        print(f"[rpg] smoke run (SMOKE=1), launch {1 if smoke_run.phase == 'save' else 2} of 2: "
-              f"{config.trainer.total_training_steps} steps of {config.data.train_batch_size} prompts, metrics to "
-              f"{smoke_run.log}, checkpoints in {config.trainer.default_local_dir}", file=sys.stderr)  # fmt: skip
+        print(f"[rpg] smoke run (SMOKE=1), {_smoke_launch(smoke_run)}: {config.trainer.total_training_steps} steps of "
+              f"{config.data.train_batch_size} prompts, metrics to {smoke_run.log}, checkpoints in "
+              f"{config.trainer.default_local_dir}", file=sys.stderr)
     # the checkpoints: this launch's fit on their disk, the one a resume would read is complete (rpg.preflight)
-    checkpoint_problems = [p for p in (disk_problem(config), resume_problem(config)) if p]
+    checkpoint_problems = [p for p in (disk_problem(validated), resume_problem(config)) if p]
     if checkpoint_problems and not dry_run:
         raise RecipeConfigError(checkpoint_problems[0])
     if dry_run:
@@ -221,15 +189,15 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
             print(f"[rpg] dry run: a real launch would refuse: {problem}", file=sys.stderr)
         if os.environ.get(DRY_RUN_ENV, "").strip().lower() != SUMMARY_ONLY:
             sys.stdout.write(OmegaConf.to_yaml(config, resolve=True))
-        refusals = launch_refusals(config, validated.path_problems, local=not os.environ.get("RAY_ADDRESS"))
+        refusals = launch_refusals(validated, local=not os.environ.get("RAY_ADDRESS"))
         refusals += checkpoint_problems  # every refusal of a real launch is in the summary
-        smoke_line = (f"launch {1 if smoke_run.phase == 'save' else 2} of 2, {config.trainer.total_training_steps} "
-                      f"steps, metrics to {smoke_run.log}") if smoke_run else None  # fmt: skip
-        print("\n".join(summary_lines(config, refusals, smoke_line)))  # the last lines: what a person reads
+        smoke_line = None
+        if smoke_run is not None:
+            smoke_line = (f"{_smoke_launch(smoke_run)}, {config.trainer.total_training_steps} steps, metrics to "
+                          f"{smoke_run.log}")
+        print("\n".join(summary_lines(validated, refusals, smoke_line)))  # the last lines: what a person reads
         sys.stdout.flush()
         return
-    from rpg import install
-    from rpg.preflight import shared_ckpt
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
     quiet_engine_warnings(os.environ)  # and in the Ray processes this launch starts
@@ -254,27 +222,29 @@ def run(config: DictConfig, smoke_run: Optional[SmokeRun] = None) -> None:
         raise SystemExit(f"[rpg] error: {stop}") from None
 
 
+def _smoke_launch(smoke_run: SmokeRun) -> str:
+    """Which of the smoke run's two launches this process is, in words."""
+    return f"launch {1 if smoke_run.phase == smoke.SAVE else 2} of 2"
+
+
 def smoke_install(selection: tuple[str, ...]) -> tuple[str, ...]:
     """What a smoke run installs (`rpg.install.for_smoke`); an unsupported verl is a refusal before Ray."""
-    from rpg import install
-
     try:
         return install.for_smoke(selection)
     except RuntimeError as e:
         raise RecipeConfigError(f"invalid RPG configuration:\n- {e}") from None
 
 
-def disk_problem(config: DictConfig) -> Optional[str]:
-    """Why trainer.default_local_dir cannot hold the checkpoints of `config` (`rpg.preflight.disk`), or None."""
-    from rpg.preflight.disk import problem
-
-    return problem(config)
+def disk_problem(validated: ValidatedConfig) -> Optional[str]:
+    """Why trainer.default_local_dir cannot hold the checkpoints of the validated run (`rpg.preflight.disk`), or
+    None."""
+    return checkpoint_disk_problem(validated)
 
 
 def stop_message(error: BaseException) -> Optional[str]:
     """The message of a condition that stops a run on purpose (`rpg.dynamic_sampling.DynamicSamplingExhausted`),
     raised in the TaskRunner and re-raised by Ray (its `cause`); None for any other error."""
-    from rpg.dynamic_sampling import DynamicSamplingExhausted
+    from rpg.dynamic_sampling import DynamicSamplingExhausted  # deferred: it imports verl's replay buffer
 
     for candidate in (getattr(error, "cause", None), error):
         if isinstance(candidate, DynamicSamplingExhausted):
@@ -285,8 +255,6 @@ def stop_message(error: BaseException) -> Optional[str]:
 def list_losses(args: Sequence[str]) -> None:
     """`python -m rpg.launch --list [--markdown]`: print the loss table and verl's own names (the README's table with
     `--markdown`)."""
-    from rpg.loss_table import describe_losses
-
     extra = [a for a in args if a != "--markdown"]
     if extra:
         raise SystemExit(f"python -m rpg.launch --list takes only --markdown, got {extra}")
@@ -329,8 +297,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except RecipeConfigError as e:
         raise SystemExit(f"[rpg] error: {e}") from None
     if smoke_run is not None and smoke_run.phase is None:  # SMOKE=1: this process runs the smoke run's two launches
-        from rpg import smoke
-
         try:
             if problem := disk_problem(smoke_run.full):  # the real run's checkpoints, in CKPTS_DIR
                 raise RecipeConfigError(problem)

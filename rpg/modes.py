@@ -296,23 +296,30 @@ def option_owner(option: str) -> Mode | None:
     return next((m for m in ROWS if option in m.option_names), None)
 
 
-def describe(row: Mode, policy_loss: Mapping, kl_coef: float) -> str:
-    """The dry-run summary's text of `row` with the run's option values (defaults where absent)."""
-    values = {n: policy_loss.get(n, OPTION_DEFAULTS[n]) for n in OPTION_DEFAULTS}
-    return row.describe.format(name=row.name, kl_coef=kl_coef, **values)
+def describe(row: Mode, settings: Any) -> str:
+    """The dry-run summary's text of `row` with the run's β and option values (`settings`: the typed RPG settings,
+    `RPGPolicyLossConfig`, whose fields hold the defaults)."""
+    values = {n: getattr(settings, n) for n in OPTION_DEFAULTS}
+    return row.describe.format(name=row.name, kl_coef=settings.kl_coef, **values)
 
 
-def checkpoint_bytes(policy_loss: Mapping, n_params: int, dtype_bytes: int) -> dict[str, float]:
+def checkpoint_bytes(settings: Any, n_params: int, dtype_bytes: int) -> dict[str, float]:
     """Bytes the plugin adds to each checkpoint beyond verl's, by part: the reference weights (P × the reference
-    engine's dtype bytes, all ranks' shards together) of a mode that writes them; {} otherwise (a few KB of JSON)."""
-    row, _ = selected(policy_loss)
+    engine's dtype bytes, all ranks' shards together) of a mode that writes them; {} otherwise (a few KB of JSON, or
+    `settings` None: verl's own loss)."""
+    if settings is None:
+        return {}
+    row, _ = selected(settings)
     return {row.checkpoint_label: float(n_params) * dtype_bytes} if row.checkpoint_label else {}
 
 
-def smoke_overrides(policy_loss: Mapping) -> tuple[list[str], bool]:
-    """(overrides, check): what a smoke run adds so that every mode the run selects acts at each of its steps, and
-    whether every rank checks each write of the reference weights (`VERIFY_ENV`)."""
-    rows = selected(policy_loss)
+def smoke_overrides(settings: Any) -> tuple[list[str], bool]:
+    """(overrides, check): what a smoke run adds so that every mode the run's typed RPG settings select acts at each
+    of its steps (`settings` None, verl's own loss: nothing), and whether every rank checks each write of the
+    reference weights (`VERIFY_ENV`)."""
+    if settings is None:
+        return [], False
+    rows = selected(settings)
     return [o for row in rows for o in row.smoke], any(row.writes_reference for row in rows)
 
 

@@ -16,8 +16,10 @@ resume would be:
 
 `SMOKE_ROLLOUT=full` (GPU only) keeps the recipe's batch, so the rollout decodes the full `train_batch_size ×
 rollout.n` sequences and reaches the KV-cache and sampler peak. `run_launches` (below; called by `rpg.launch`) runs both
-launches with a `GpuMemorySampler` started, then prints `summarize(logs, recipe config, sampler, wall seconds)`: per
-phase the seconds per step and the measured peak memory, and the projected wall time of the full run.
+launches with a `GpuMemorySampler` started, then prints `summarize(logs, validated recipe, sampler, wall seconds)`:
+per phase the seconds per step and the measured peak memory, and the projected wall time of the full run. The recipe
+is the launcher's `ValidatedConfig` (`rpg.launch.validate`) without the smoke overrides: its typed RPG settings say
+which modes the smoke run forces, its typed checkpoint settings what schedule-free's checkpoint adds.
 """
 
 from __future__ import annotations
@@ -29,12 +31,18 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 from rpg import modes
+from rpg.mismatch import report_lines
+from rpg.preflight.disk import GB, estimate
+from rpg.preflight.memory_config import smoke_comparison
 from rpg.preflight.recipe_argv import hydra_str
+from rpg.preflight.verl_configs import ValidatedConfig
 
 SMOKE_ENV = "SMOKE"
 ROLLOUT_ENV = "SMOKE_ROLLOUT"  # small (default) | full
@@ -43,12 +51,17 @@ SAVE, RESUME = "save", "resume"
 VERIFY_REFRESH_ENV = modes.VERIFY_ENV  # read by the reference modes' state in the workers (rpg/reference/written.py)
 MARKER = ".rpg-smoke"  # marks a smoke checkpoint folder (a later smoke run may replace it)
 SMOKE_STEPS, SMOKE_TEST_FREQ = 2, 2  # validate once, after step 2 (verl validates on the last step if test_freq > 0)
+#: the trainer settings of launch 1 (step 1, a checkpoint, no validation) and launch 2 (resume, step 2, validation)
+SAVE_LAUNCH = ("trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=1",
+               "trainer.resume_mode=disable")
+RESUME_LAUNCH = (f"trainer.total_training_steps={SMOKE_STEPS}", f"trainer.test_freq={SMOKE_TEST_FREQ}",
+                 "trainer.save_freq=-1", "trainer.resume_mode=auto")
 GIB = 1024**3
 # verl's v1 trainer times these sections of a step (timing_s/<key>): (label, key, scaled with the batch); None: the
 # rollout, between ×1 (one parallel decode) and ×scale (linear)
 PHASES = (("rollout (gen)", "gen", None), ("reward", "reward", True), ("old log-prob", "old_log_prob", True),
           ("reference", "ref", True), ("advantage", "adv", True), ("update", "update_actor", True),
-          ("weight sync", "update_weights", False))  # fmt: skip
+          ("weight sync", "update_weights", False))
 
 
 def smoke_requested(environ=os.environ) -> bool:
@@ -63,7 +76,7 @@ def smoke_rollout(environ=os.environ) -> str:
     value = environ.get(ROLLOUT_ENV, "").strip().lower() or "small"
     if value not in ("small", "full"):
         raise ValueError(f"{ROLLOUT_ENV}={environ[ROLLOUT_ENV]!r} is not valid; use small (default) or full (the "
-                         "recipe's whole batch: the rollout's KV-cache and sampler peak, GPU runs only)")  # fmt: skip
+                         "recipe's whole batch: the rollout's KV-cache and sampler peak, GPU runs only)")
     return value
 
 
@@ -94,8 +107,9 @@ class SmokePaths:
         return self.step1_log if phase == SAVE else self.log
 
 
-def smoke_paths(config, log_dir: os.PathLike | str) -> SmokePaths:
-    return SmokePaths(Path(log_dir).resolve(), str(config.trainer.experiment_name))
+def smoke_paths(full: ValidatedConfig, log_dir: os.PathLike | str) -> SmokePaths:
+    """The smoke folder `log_dir` of the validated recipe `full` (its experiment's name)."""
+    return SmokePaths(Path(log_dir).resolve(), str(full.config.trainer.experiment_name))
 
 
 def _world(config) -> int:
@@ -120,7 +134,7 @@ def smoke_batch_size(config) -> int:
     if arr.actor.use_dynamic_bsz:
         seq = int(config.data.max_prompt_length) + int(config.data.max_response_length)
         budgets = (arr.actor.ppo_max_token_len_per_gpu, arr.rollout.log_prob_max_token_len_per_gpu,
-                   arr.ref.log_prob_max_token_len_per_gpu)  # fmt: skip
+                   arr.ref.log_prob_max_token_len_per_gpu)
         fill, multiple = max(math.ceil(int(b) / seq) for b in budgets if b), 1
     else:
         sizes = (micro, arr.rollout.log_prob_micro_batch_size_per_gpu, arr.ref.log_prob_micro_batch_size_per_gpu)
@@ -142,49 +156,48 @@ def _env(name: str, value: str) -> str:
     return f"++ray_kwargs.ray_init.runtime_env.env_vars.{name}={hydra_str(value)}"
 
 
-def smoke_overrides(config, paths: SmokePaths, phase: str = RESUME, rollout: str = "small") -> list[str]:
-    """Hydra overrides, after the recipe's, that turn the composed recipe `config` into launch `phase` of its smoke run.
+def smoke_overrides(full: ValidatedConfig, paths: SmokePaths, phase: str = RESUME, rollout: str = "small") -> list[str]:
+    """Hydra overrides, after the recipe's, that turn the validated recipe `full` into launch `phase` of its smoke run.
 
     Both launches: train_batch_size = ppo_mini_batch_size = `smoke_batch_size` (one optimizer step per step; the
     recipe's own with `rollout="full"`); `_val_smoke` held-out prompts, no validation before training; the recipe's
     loggers plus console and verl's file logger writing `paths.phase_log(phase)` (its variable set in the Ray runtime
     environment of every process); checkpoints in `paths.ckpts`; every selected mode acting at each step and every
     write of the reference weights checked (`rpg.modes.smoke_overrides`, `VERIFY_REFRESH_ENV`); schedule-free's
-    checkpoint with the HF export (x). `SAVE`: step 1, a checkpoint, no validation. `RESUME`: resumes it (resume_mode=auto), step 2, validation after it, no checkpoint. Everything
+    checkpoint with the HF export (x). `SAVE`: step 1, a checkpoint, no validation. `RESUME`: resumes it
+    (resume_mode=auto), step 2, validation after it, no checkpoint. Everything
     else (model, engines, ranks, memory settings, token budgets, dynamic sampling) is the recipe's.
     """
-    out = []
+    config, out = full.config, []
     if rollout != "full":
         p = smoke_batch_size(config)
         out += [f"data.train_batch_size={p}", f"actor_rollout_ref.actor.ppo_mini_batch_size={p}"]
     out += [f"data.val_max_samples={_val_smoke(config)}", "trainer.val_before_train=False",
-            f"trainer.logger=[{','.join(_loggers(config))}]", _env("VERL_FILE_LOGGER_PATH", str(paths.phase_log(phase))),
-            f"trainer.default_local_dir={hydra_str(str(paths.ckpts))}"]  # fmt: skip
-    forced, check = modes.smoke_overrides(config.actor_rollout_ref.actor.get("policy_loss", {}) or {})
+            f"trainer.logger=[{','.join(_loggers(config))}]",
+            _env("VERL_FILE_LOGGER_PATH", str(paths.phase_log(phase))),
+            f"trainer.default_local_dir={hydra_str(str(paths.ckpts))}"]
+    forced, check = modes.smoke_overrides(full.rpg)
     out += forced + ([_env(VERIFY_REFRESH_ENV, "1")] if check else [])
-    if uses_schedule_free(config):
-        contents = list(config.actor_rollout_ref.actor.checkpoint.get("save_contents", ["model", "optimizer", "extra"]))
-        out.append(f"actor_rollout_ref.actor.checkpoint.save_contents=[{','.join(dict.fromkeys([*contents, 'hf_model']))}]")
-    if phase == SAVE:
-        return out + ["trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=1",
-                      "trainer.resume_mode=disable"]  # fmt: skip
-    return out + [f"trainer.total_training_steps={SMOKE_STEPS}", f"trainer.test_freq={SMOKE_TEST_FREQ}",
-                  "trainer.save_freq=-1", "trainer.resume_mode=auto"]  # fmt: skip
+    if uses_schedule_free(config):  # the checkpoint carries the HF export of the average x (rpg/schedule_free.py)
+        contents = dict.fromkeys([*full.actor.checkpoint.save_contents, "hf_model"])
+        out.append(f"actor_rollout_ref.actor.checkpoint.save_contents=[{','.join(contents)}]")
+    return [*out, *(SAVE_LAUNCH if phase == SAVE else RESUME_LAUNCH)]
 
 
-def prepare(config, log_dir: os.PathLike | str = "outputs/smoke") -> SmokePaths:
-    """The smoke folder of `config`, made ready for a run: the folder made (verl's file logger does not), a previous
+def prepare(full: ValidatedConfig, log_dir: os.PathLike | str = "outputs/smoke") -> SmokePaths:
+    """The smoke folder of the validated recipe `full`, made ready for a run: the folder made (verl's file logger
+    does not), a previous
     run's logs removed (a run that fails before its first step is never summarised from stale lines), and a previous
     smoke checkpoint (a folder carrying `MARKER`) removed; a checkpoint folder without the marker is refused, never
     deleted. The new checkpoint folder gets the marker."""
-    paths = smoke_paths(config, log_dir)
+    paths = smoke_paths(full, log_dir)
     paths.root.mkdir(parents=True, exist_ok=True)
     for log in (paths.log, paths.step1_log):
         log.unlink(missing_ok=True)
     if paths.ckpts.exists():
         if not (paths.ckpts / MARKER).is_file():
             raise ValueError(f"{paths.ckpts} exists and is not a smoke checkpoint folder (no {MARKER}); the smoke run "
-                             f"writes its checkpoint there: move it, or set RPG_SMOKE_DIR to another folder")  # fmt: skip
+                             f"writes its checkpoint there: move it, or set RPG_SMOKE_DIR to another folder")
         shutil.rmtree(paths.ckpts)
     paths.ckpts.mkdir(parents=True)
     (paths.ckpts / MARKER).write_text("a SMOKE=1 checkpoint (rpg/smoke.py); the next smoke run replaces it\n")
@@ -204,12 +217,14 @@ def checkpoint_line(paths: SmokePaths, run_ckpts: str) -> str:
 
 def resume_line(paths: SmokePaths) -> str:
     """After launch 2: it resumed the step-1 checkpoint (its log holds step 2 only; raises otherwise)."""
-    steps = sorted(k for k, d in read_log(paths.log).items() if k > 0 and "timing_s/step" in d) if paths.log.is_file() else []
+    logged = read_log(paths.log) if paths.log.is_file() else {}
+    steps = sorted(k for k, d in logged.items() if k > 0 and "timing_s/step" in d)
     if steps != [2]:
         raise RuntimeError(f"[rpg smoke] launch 2 logged training steps {steps}, expected [2]: it did not resume the "
-                           f"step-1 checkpoint in {paths.ckpts}")  # fmt: skip
+                           f"step-1 checkpoint in {paths.ckpts}")
     return (f"[rpg smoke] resumed from {paths.ckpts / 'global_step_1'} in a second launch and finished step 2; the "
-            f"smoke checkpoint stays there until the next smoke run (delete it when done; the real run never reads it)\n")
+            "smoke checkpoint stays there until the next smoke run (delete it when done; the real run never reads "
+            "it)\n")
 
 
 class GpuMemorySampler:
@@ -318,7 +333,7 @@ class SmokeReport:
         mem = {"gen": f"{gpu / GIB:.1f} GiB peak used on a GPU (NVML, all processes)" if gpu else "not measured"}
         if self.update_gib and self.device != "cpu":
             mem["update_actor"] = (f"{self.update_gib[0]:.1f} GiB allocated / {self.update_gib[1]:.1f} GiB reserved "
-                                   "(torch peak of the actor workers, their log-prob passes included)")  # fmt: skip
+                                   "(torch peak of the actor workers, their log-prob passes included)")
         for label, key, _ in PHASES + (("validation", "testing", None), ("step (total)", "step", None)):
             if key in s:
                 lines.append(f"  {label:<14} {s[key]:9.2f} s" + (f"   memory: {mem[key]}" if key in mem else ""))
@@ -327,7 +342,7 @@ class SmokeReport:
             lines.append(f"  memory: GPU memory is not measured on CPU; {host}")
         elif self.gpu_peaks:
             lines.append("  GPU peaks (used/total): " + ", ".join(
-                f"GPU{i} {u / GIB:.1f}/{t / GIB:.1f} GiB" for i, (u, t) in sorted(self.gpu_peaks.items())))  # fmt: skip
+                f"GPU{i} {u / GIB:.1f}/{t / GIB:.1f} GiB" for i, (u, t) in sorted(self.gpu_peaks.items())))
         return "\n".join(lines + self.projection()) + "\n"
 
     def projection(self) -> list[str]:
@@ -352,7 +367,7 @@ class SmokeReport:
         ]
         if self.wall_s is not None:
             lines.append(f"    not included: start-up and shutdown, {max(self.wall_s - self.run_s, 0.0):.0f} s of "
-                         f"this run's {self.wall_s:.0f} s")  # fmt: skip
+                         f"this run's {self.wall_s:.0f} s")
         return lines
 
 
@@ -368,20 +383,20 @@ def read_log(*jsonl_paths: os.PathLike | str) -> dict[int, dict[str, Any]]:
     return rows
 
 
-def report(jsonl_path, full_config, sampler: Optional[GpuMemorySampler] = None, wall_s=None,
+def report(jsonl_path, full: ValidatedConfig, sampler: Optional[GpuMemorySampler] = None, wall_s=None,
            full_rollout: bool = False) -> SmokeReport:
-    """`SmokeReport` of verl's file log `jsonl_path`; `full_config` is the recipe's config without the smoke overrides.
+    """`SmokeReport` of verl's file log `jsonl_path`; `full` is the validated recipe without the smoke overrides.
 
     Seconds per phase: the mean over the logged steps but step 1 (its warm-up) when there are >= 2; the validation
     (once, after step 2) counts whichever step it followed. Memory: the largest value over the steps."""
-    rows = read_log(*(jsonl_path if isinstance(jsonl_path, (list, tuple)) else [jsonl_path]))
+    rows, full_config = read_log(*(jsonl_path if isinstance(jsonl_path, (list, tuple)) else [jsonl_path])), full.config
     steps = sorted(k for k, d in rows.items() if k > 0 and "timing_s/step" in d)
     if not steps:
         raise ValueError(f"{jsonl_path}: no training step logged (no timing_s/step); the smoke run failed early")
     measured, seconds = steps[1:] if len(steps) >= 2 else steps, {}
     for key in {k[len("timing_s/") :] for st in steps for k in rows[st] if k.startswith("timing_s/")}:
-        got = [rows[st][f"timing_s/{key}"] for st in (steps if key == "testing" else measured)
-               if f"timing_s/{key}" in rows[st]]  # fmt: skip
+        counted = steps if key == "testing" else measured
+        got = [rows[st][f"timing_s/{key}"] for st in counted if f"timing_s/{key}" in rows[st]]
         if got:
             seconds[key] = sum(got) / len(got)
 
@@ -389,59 +404,59 @@ def report(jsonl_path, full_config, sampler: Optional[GpuMemorySampler] = None, 
         "actor/perf/max_memory_allocated_gb", "actor/perf/max_memory_reserved_gb", "actor/perf/cpu_memory_used_gb"))
     host = {"peak RSS of this (launcher) process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}
     host.update({"machine memory in use at the update": used} if used is not None else {})
-    v_full, total = _val_prompts(full_config), full_config.trainer.get("total_training_steps", None)
+    v_full, total = _val_prompts(full_config), full_config.trainer.total_training_steps
+    scale = 1.0 if full_rollout else int(full_config.data.train_batch_size) / smoke_batch_size(full_config)
     return SmokeReport(
-        steps=steps, measured=measured, seconds=seconds,
+        steps=steps,
+        measured=measured,
+        seconds=seconds,
         update_gib=(alloc, reserved or 0.0) if alloc is not None else None,
         gpu_peaks={i: (u, sampler.totals[i]) for i, u in sampler.peaks.items()} if sampler else {},
-        device=str(full_config.trainer.get("device", "cuda")), full_steps=int(total) if total else None,
-        scale=1.0 if full_rollout else int(full_config.data.train_batch_size) / smoke_batch_size(full_config),
+        device=str(full_config.trainer.device),
+        full_steps=int(total) if total else None,
+        scale=scale,
         val_prompts=(min(_val_smoke(full_config), v_full or _val_smoke(full_config)), v_full),
-        validations=_validations(full_config, int(total)) if total else 0, wall_s=wall_s, host=host,
+        validations=_validations(full_config, int(total)) if total else 0,
+        wall_s=wall_s,
+        host=host,
         run_s=sum(rows[st]["timing_s/step"] + rows[st].get("timing_s/testing", 0.0) for st in steps),
-    )  # fmt: skip
+    )
 
 
-def summarize(jsonl_path, full_config, sampler: Optional[GpuMemorySampler] = None, wall_s=None,
+def summarize(jsonl_path, full: ValidatedConfig, sampler: Optional[GpuMemorySampler] = None, wall_s=None,
               full_rollout: bool = False) -> str:
-    """The smoke report as text: per phase seconds per step and peak memory; the projected full-run wall time."""
-    from rpg.mismatch import report_lines  # the rollout/trainer mismatch and the memory plan against the peaks
-    from rpg.preflight.memory import smoke_comparison
-
+    """The smoke report of the validated recipe `full` as text: per phase seconds per step and peak memory; the
+    projected full-run wall time; the memory plan against the peaks; the rollout/trainer mismatch."""
     paths = jsonl_path if isinstance(jsonl_path, (list, tuple)) else [jsonl_path]
-    rep = report(jsonl_path, full_config, sampler, wall_s, full_rollout)
-    return rep.format() + smoke_comparison(full_config, rep) + report_lines(read_log(*paths))
+    rep = report(jsonl_path, full, sampler, wall_s, full_rollout)
+    return rep.format() + smoke_comparison(full, rep) + report_lines(read_log(*paths))
 
 
-def run_launches(args: list[str], full_config, paths: SmokePaths, rollout: str = "small") -> None:
+def run_launches(args: list[str], full: ValidatedConfig, paths: SmokePaths, rollout: str = "small") -> None:
     """The smoke run: launch 1 (step 1 and its checkpoint) and launch 2 (resume, step 2, validation), each a new
     `python -m rpg.launch` process with `args` (the recipe's overrides) and `PHASE_ENV` set, as a user's run and its
     resume would be; the GPUs' memory sampled throughout; then the report. Raises RuntimeError when a launch fails."""
-    import sys
-    import time
-
-    from rpg.preflight.disk import GB, estimate
-
-    need = estimate(full_config).one
+    need = estimate(full).one
     free = shutil.disk_usage(paths.root if paths.root.exists() else Path.cwd()).free
     if free < need:
         raise RuntimeError(f"the smoke folder {paths.root} (RPG_SMOKE_DIR) has {free / GB:.1f} GB free; the smoke "
-                           f"checkpoint needs about {need / GB:.1f} GB: set RPG_SMOKE_DIR to a disk with more room")  # fmt: skip
-    paths = prepare(full_config, paths.root)
-    batch = "the recipe's" if rollout == "full" else smoke_batch_size(full_config)
+                           f"checkpoint needs about {need / GB:.1f} GB: set RPG_SMOKE_DIR to a disk with more room")
+    paths = prepare(full, paths.root)
+    batch = "the recipe's" if rollout == "full" else smoke_batch_size(full.config)
     print(f"[rpg] smoke run (SMOKE=1): {SMOKE_STEPS} steps of {batch} prompts in two launches (step 1 and a checkpoint "
           f"in {paths.ckpts}; then a resume of it, step 2 and a validation), metrics to {paths.log}", flush=True)
     sampler, start = GpuMemorySampler().start(), time.monotonic()
     try:
         for phase in (SAVE, RESUME):
-            rc = subprocess.run([sys.executable, "-m", "rpg.launch", *args], env={**os.environ, PHASE_ENV: phase}).returncode
+            launch = [sys.executable, "-m", "rpg.launch", *args]
+            rc = subprocess.run(launch, env={**os.environ, PHASE_ENV: phase}).returncode
             if rc != 0:
                 raise RuntimeError(f"smoke run: launch {1 if phase == SAVE else 2} of 2 ({phase}) exited with {rc}")
-            line = checkpoint_line(paths, str(full_config.trainer.default_local_dir)) if phase == SAVE else resume_line(paths)
-            sys.stdout.write(line)
+            run_ckpts = str(full.config.trainer.default_local_dir)
+            sys.stdout.write(checkpoint_line(paths, run_ckpts) if phase == SAVE else resume_line(paths))
             sys.stdout.flush()
     finally:
         sampler.stop()
     elapsed = time.monotonic() - start
-    sys.stdout.write(summarize([paths.step1_log, paths.log], full_config, sampler, elapsed, rollout == "full"))
+    sys.stdout.write(summarize([paths.step1_log, paths.log], full, sampler, elapsed, rollout == "full"))
     sys.stdout.flush()

@@ -94,7 +94,7 @@ def _settings(worker: Any) -> Any:
     settings = None
     actor = worker.config.get("actor", None) if hasattr(worker.config, "get") else None
     policy_loss = None if actor is None else actor.get("policy_loss", None)
-    if policy_loss is not None and modes.estimator(policy_loss.get("kl_estimator", "sampled")).support:
+    if policy_loss is not None and policy_loss.get("kl_estimator") is not None:  # set: the typed settings decide
         from rpg.loss_config import rpg_settings  # imports verl: not while verl loads this module (rpg.patches)
 
         settings = rpg_settings(actor)

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "recipes"))
 from recipe_helpers import RECIPE, run_script  # noqa: E402
 
 from rpg import smoke  # noqa: E402
-from rpg.launch import compose_and_validate, compose_config  # noqa: E402
+from rpg.launch import compose_and_validate  # noqa: E402
 
 # (script, environment, expected smoke prompts): dynamic batches with a per-GPU budget of one maximal sequence need
 # 1 prompt × 16 responses on 8 or 2 GPUs; the ×4 budget (authors' *_rf_clip_ppo*) needs 4 sequences per rank: 2
@@ -54,7 +54,7 @@ def test_smoke_overrides_pass_verls_checks(script, env, prompts, tmp_path):
     from omegaconf import OmegaConf
 
     argv = recipe_overrides(script, **env)
-    full = compose_config(argv)
+    full = compose_and_validate(argv)
     paths = smoke.smoke_paths(full, tmp_path / "it's a ${log}")  # Hydra-quoted verbatim
     for phase, steps in ((smoke.SAVE, 1), (smoke.RESUME, 2)):
         smoked = compose_and_validate(argv + smoke.smoke_overrides(full, paths, phase)).config  # verl's checks too
@@ -66,13 +66,13 @@ def test_smoke_overrides_pass_verls_checks(script, env, prompts, tmp_path):
         # launch 1 saves step 1 (no validation); launch 2 resumes it and validates after step 2
         assert (smoked.trainer.save_freq, smoked.trainer.test_freq, smoked.trainer.resume_mode) == (
             (1, -1, "disable") if phase == smoke.SAVE else (-1, 2, "auto"))
-        assert smoked.trainer.default_local_dir == str(paths.ckpts) != full.trainer.default_local_dir
+        assert smoked.trainer.default_local_dir == str(paths.ckpts) != full.config.trainer.default_local_dir
         # the recipe's loggers stay (wandb: a missing key shows now), plus verl's file logger
-        assert list(smoked.trainer.logger) == list(dict.fromkeys([*full.trainer.logger, "console", "file"]))
+        assert list(smoked.trainer.logger) == list(dict.fromkeys([*full.config.trainer.logger, "console", "file"]))
         assert smoked.data.val_max_samples == max(8, world)
         assert smoked.ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH == str(paths.phase_log(phase))
         for key in KEPT:  # model, engines, ranks, memory settings, token budgets: the recipe's
-            assert OmegaConf.select(smoked, key) == OmegaConf.select(full, key), key
+            assert OmegaConf.select(smoked, key) == OmegaConf.select(full.config, key), key
 
 
 def test_full_rollout_keeps_the_recipes_batch_and_periodic_and_schedule_free_are_exercised(tmp_path):
@@ -81,11 +81,11 @@ def test_full_rollout_keeps_the_recipes_batch_and_periodic_and_schedule_free_are
     argv = recipe_overrides("7b/run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh") + [
         "actor_rollout_ref.actor.policy_loss.reference=periodic", "+actor_rollout_ref.actor.policy_loss.ref_refresh_steps=64",
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.0"]
-    full = compose_config(argv)
+    full = compose_and_validate(argv)
     paths = smoke.smoke_paths(full, tmp_path)
     smoked = compose_and_validate(argv + smoke.smoke_overrides(full, paths, smoke.SAVE, rollout="full")).config
-    assert smoked.data.train_batch_size == full.data.train_batch_size == 512
-    assert smoked.actor_rollout_ref.actor.ppo_mini_batch_size == full.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert smoked.data.train_batch_size == full.config.data.train_batch_size == 512
+    assert smoked.actor_rollout_ref.actor.ppo_mini_batch_size == full.config.actor_rollout_ref.actor.ppo_mini_batch_size
     assert smoked.actor_rollout_ref.actor.policy_loss.ref_refresh_steps == 1
     assert smoked.ray_kwargs.ray_init.runtime_env.env_vars[smoke.VERIFY_REFRESH_ENV] == "1"
     assert list(smoked.actor_rollout_ref.actor.checkpoint.save_contents)[-1] == "hf_model"
@@ -95,7 +95,7 @@ def test_full_rollout_keeps_the_recipes_batch_and_periodic_and_schedule_free_are
 
 
 def test_prepare_makes_the_folder_drops_stale_logs_and_replaces_only_a_smoke_checkpoint(tmp_path):
-    full = compose_config(recipe_overrides("cpu/run_rpg_reinforce_urkl.sh"))
+    full = compose_and_validate(recipe_overrides("cpu/run_rpg_reinforce_urkl.sh"))
     paths = smoke.smoke_paths(full, tmp_path / "logs")
     paths.root.mkdir()
     for stale in (paths.log, paths.step1_log):
@@ -131,15 +131,18 @@ def synthetic_log(path: Path) -> None:
 
 
 def synthetic_config(val_rows: int, tmp_path: Path, device: str = "cuda"):
-    """The 7B recipe's sizes (8 GPUs, 512 prompts × 16, dynamic batches: smoke batch 1) with a local val file."""
+    """The validated 7B recipe's sizes (8 GPUs, 512 prompts × 16, dynamic batches: smoke batch 1) with a local val file
+    (rows a scorer reads: the launcher checks them)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     val = tmp_path / "val.parquet"
-    pq.write_table(pa.table({"x": list(range(val_rows))}), val)
+    pq.write_table(pa.table({"data_source": ["math_500"] * val_rows,
+                             "reward_model": [{"ground_truth": "1"}] * val_rows}), val)
     argv = recipe_overrides("7b/run_rpg_7b_urkl1e-4.sh")
-    return compose_config(argv + [f"data.val_files=['{val}']", "trainer.total_training_steps=400",
-                                  "trainer.test_freq=10", "trainer.val_before_train=True", f"trainer.device={device}"])
+    return compose_and_validate(argv + [f"data.val_files=['{val}']", "trainer.total_training_steps=400",
+                                        "trainer.test_freq=10", "trainer.val_before_train=True",
+                                        f"trainer.device={device}"])
 
 
 def test_summary_numbers_are_exact(tmp_path):
@@ -216,7 +219,7 @@ def test_smoke_dry_run_forces_every_mode_the_recipe_selects(monkeypatch, tmp_pat
     args = recipe_overrides("4b/run_rpg_reinforce_urkl_4k_ema.sh") + [
         "actor_rollout_ref.actor.policy_loss.kl_control=adaptive", "actor_rollout_ref.actor.policy_loss.kl_target=1e-3"]
     extra, run = launch.smoke_setup(args, dry_run=True)
-    assert run.full.actor_rollout_ref.actor.policy_loss.ref_ema_period == 16  # the recipe's, before the smoke's
+    assert run.full.rpg.ref_ema_period == 16  # the recipe's, before the smoke's
     smoked = compose_and_validate(args + extra).config
     rows = modes.selected(smoked.actor_rollout_ref.actor.policy_loss)
     assert [r.name for r in rows] == ["ema", "adaptive"]

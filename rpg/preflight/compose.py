@@ -7,7 +7,10 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
+
+from rpg.loss_options import option_names
 
 # The package's config folder (data, no __init__.py), addressed by path;
 # rpg_trainer.yaml puts verl's `pkg://verl.trainer.config` on Hydra's search path itself.
@@ -25,8 +28,6 @@ POLICY_LOSS_PREFIX = "actor_rollout_ref.actor.policy_loss."
 def _rpg_only_fields() -> frozenset:
     """The settings `RPGPolicyLossConfig` adds to verl's `PolicyLossConfig` (kl_coef, reference, ...): verl's yaml
     has no such key, and a recipe passes one only when it sets it (the defaults live in rpg/loss_options.py)."""
-    from rpg.loss_options import option_names
-
     return frozenset(option_names())
 
 
@@ -73,8 +74,13 @@ def _checkout() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-RESOLVERS = {"rpg.checkout": _checkout, "rpg.ktokens": _ktokens, "rpg.token_budget": _token_budget,
-             "rpg.quarter": _quarter, "rpg.data_files": _data_files}  # fmt: skip
+RESOLVERS = {
+    "rpg.checkout": _checkout,
+    "rpg.ktokens": _ktokens,
+    "rpg.token_budget": _token_budget,
+    "rpg.quarter": _quarter,
+    "rpg.data_files": _data_files,
+}
 for _name, _fn in RESOLVERS.items():
     OmegaConf.register_new_resolver(_name, _fn, replace=True)
 
@@ -95,10 +101,12 @@ def _literal(value):
     return value
 
 
-def _pin(node) -> None:
-    from omegaconf import ListConfig
-    from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
+def _resolved(value):
+    """`value` with every interpolation resolved (a config node as a plain container)."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
+
+def _pin(node) -> None:
     keys = range(len(node)) if isinstance(node, ListConfig) else list(node.keys())
     for key in keys:
         child = node._get_node(key)
@@ -110,8 +118,7 @@ def _pin(node) -> None:
         live = re.sub(r"\\\$\{", "", raw) if isinstance(raw, str) else ""
         if "${" in live and any(token in live for token in _PINNED):
             try:
-                value = OmegaConf.to_container(node[key], resolve=True) if OmegaConf.is_config(node[key]) \
-                    else node[key]  # fmt: skip
+                value = _resolved(node[key])
             except (MissingMandatoryValue, InterpolationToMissingValueError):
                 continue  # a `???` it reads: left for the checks, which name the missing key
             node[key] = _literal(value)  # the resolved value, read in this process
@@ -124,17 +131,16 @@ def finish(config: DictConfig) -> DictConfig:
     the loss table, `rpg.loss_table`), or a policy loss given RPG settings (kl_coef, reference, ...: the RPG rules
     then name what is wrong, e.g. a loss mode that is not in the table), gets its config class
     `rpg.RPGPolicyLossConfig`. Idempotent."""
-    from omegaconf import open_dict
-
-    from rpg.loss_table import LOSSES
+    # deferred: the loss table imports torch (through rpg.divergences); this module's error class is imported early
+    from rpg.loss_table import LOSSES, RPG_POLICY_LOSS_TARGETS
 
     _pin(config)
     with open_dict(config):
         config.pop(RECIPE_NODE, None)
     policy_loss = config.actor_rollout_ref.actor.policy_loss
     if str(policy_loss.loss_mode) in LOSSES or set(policy_loss.keys()) & _rpg_only_fields():
-        if not str(policy_loss.get("_target_", "")).startswith("rpg."):
-            policy_loss._target_ = "rpg.RPGPolicyLossConfig"
+        if not str(policy_loss.get("_target_")).startswith("rpg."):  # verl's class, or none: RPG's public one
+            policy_loss._target_ = RPG_POLICY_LOSS_TARGETS[0]
     return config
 
 

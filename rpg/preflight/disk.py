@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from rpg.modes import checkpoint_bytes
 from rpg.preflight.memory import DTYPE_BYTES, load_model_shape, optimizer_states
+from rpg.preflight.verl_configs import ValidatedConfig
 
 GB = 1e9
 
@@ -45,12 +46,14 @@ class CheckpointEstimate:
 
 
 def _dtype_bytes(fsdp: Any) -> int:
-    return DTYPE_BYTES.get(str((fsdp or {}).get("model_dtype", "fp32") or "fp32").lower().replace("torch.", ""), 4)
+    """Bytes per parameter of an FSDP engine's `model_dtype` (4 for a dtype the table lacks)."""
+    return DTYPE_BYTES.get(str(fsdp.model_dtype).lower().replace("torch.", ""), 4)
 
 
-def saves(config: Any) -> int:
-    """Checkpoints the run writes (0: none). verl saves every `save_freq` steps and after the last step."""
-    freq, total = int(config.trainer.get("save_freq", -1) or -1), config.trainer.get("total_training_steps", None)
+def saves(trainer: Any) -> int:
+    """Checkpoints a run with these `trainer` settings writes (0: none). verl saves every `save_freq` steps and after
+    the last step."""
+    freq, total = int(trainer.save_freq or -1), trainer.total_training_steps
     if freq <= 0:
         return 0
     if total is None:
@@ -58,24 +61,28 @@ def saves(config: Any) -> int:
     return len({s for s in range(1, int(total) + 1) if s % freq == 0 or s == int(total)})
 
 
-def estimate(config: Any) -> CheckpointEstimate:
-    arr = config.actor_rollout_ref
-    actor = arr.actor
-    model = arr.model
-    p = load_model_shape(str(model.path), model.get("hf_config_path", None)).param_count()
-    contents = list((actor.get("checkpoint", {}) or {}).get("save_contents", ["model", "optimizer", "extra"]))
-    weight = _dtype_bytes(actor.get("fsdp_config", {}))
+def estimate(validated: ValidatedConfig, n_params: Optional[int] = None) -> CheckpointEstimate:
+    """The checkpoints of a validated run; `n_params`: the model's parameter count (default: from its shape,
+    `rpg.preflight.memory.load_model_shape`)."""
+    config, actor = validated.config, validated.actor
+    if n_params is None:
+        model = config.actor_rollout_ref.model
+        n_params = load_model_shape(str(model.path), model.hf_config_path).param_count()
+    contents = list(actor.checkpoint.save_contents)
+    weight = _dtype_bytes(actor.fsdp_config)
     parts: dict[str, float] = {}
     if "model" in contents:
-        parts["actor weights"] = p * weight
+        parts["actor weights"] = n_params * weight
     if "optimizer" in contents:
-        states, _ = optimizer_states(str((actor.get("optim", {}) or {}).get("optimizer", "AdamW")))
-        parts[f"optimizer states ({states} fp32 per parameter)"] = p * 4 * states
+        states, _ = optimizer_states(str(actor.optim.optimizer))
+        parts[f"optimizer states ({states} fp32 per parameter)"] = n_params * 4 * states
     if "hf_model" in contents:
-        parts["HF export"] = p * weight
+        parts["HF export"] = n_params * weight
     # rpg_reference/ next to the actor's checkpoint
-    parts.update(checkpoint_bytes(actor.get("policy_loss", {}) or {}, p, _dtype_bytes(arr.ref.get("fsdp_config", {}))))
-    n, keep = saves(config), config.trainer.get("max_actor_ckpt_to_keep", None)
+    if validated.ref is not None:  # a mode that writes the reference weights runs with verl's reference model
+        parts.update(checkpoint_bytes(validated.rpg, n_params, _dtype_bytes(validated.ref.fsdp_config)))
+    trainer = config.trainer
+    n, keep = saves(trainer), trainer.max_actor_ckpt_to_keep
     if keep is not None and int(keep) > 0 and int(keep) < n:
         copies, why = int(keep) + 1, f"trainer.max_actor_ckpt_to_keep={keep} + 1 being written"
     else:
@@ -89,23 +96,31 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def problem(config: Any, free_bytes: Optional[float] = None) -> Optional[str]:
-    """Why the checkpoint folder cannot hold the run's checkpoints, or None (also when the run saves none, or when the
-    model's shape is unknown: a remote model without a cached config.json, which the GPU memory plan reports)."""
-    if saves(config) == 0:
+def problem(validated: ValidatedConfig, free_bytes: Optional[float] = None) -> Optional[str]:
+    """Why the checkpoint folder cannot hold the validated run's checkpoints, or None (also when the run saves none, or
+    when the model's shape is unknown: a remote model without a cached config.json, which the GPU memory plan
+    reports)."""
+    trainer = validated.config.trainer
+    if saves(trainer) == 0:
         return None
-    folder = Path(os.path.expanduser(str(config.trainer.default_local_dir))).resolve()
+    folder = Path(os.path.expanduser(str(trainer.default_local_dir))).resolve()
     try:
-        est = estimate(config)
+        est = estimate(validated)
     except ValueError:
         return None
     free = shutil.disk_usage(_existing(folder)).free if free_bytes is None else free_bytes
     if free >= est.needed:
         return None
+    return _refusal(folder, free, est)
+
+
+def _refusal(folder: Path, free: float, est: CheckpointEstimate) -> str:
+    """The refusal's text: the numbers, the parts, and the fixes (a smaller keep only where it changes something)."""
     parts = " + ".join(f"{k} {v / GB:.1f} GB" for k, v in est.parts.items())
-    fewer = (f", keep fewer checkpoints (trainer.max_actor_ckpt_to_keep=1: {2 * est.one / GB:.0f} GB)"
-             if est.copies > 2 else "")  # only a fix that changes something  # fmt: skip
+    fewer = ""
+    if est.copies > 2:
+        fewer = f", keep fewer checkpoints (trainer.max_actor_ckpt_to_keep=1: {2 * est.one / GB:.0f} GB)"
     return (f"the checkpoint folder trainer.default_local_dir={folder} (CKPTS_DIR) has {free / GB:.1f} GB free, and "
             f"the run's checkpoints need about {est.needed / GB:.1f} GB: {est.copies} × ({parts}) ({est.why}). Set "
-            f"CKPTS_DIR to a disk with at least {est.needed / GB:.0f} GB free (on several nodes, a shared one){fewer}, "
-            f"or save none (trainer.save_freq=-1)")  # fmt: skip
+            f"CKPTS_DIR to a disk with at least {est.needed / GB:.0f} GB free (on several nodes, a shared one)"
+            f"{fewer}, or save none (trainer.save_freq=-1)")

@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 
 from rpg.preflight import disk, gpu, gpu_probe, wandb_check
 from rpg.preflight.compose import RecipeConfigError, compose_config
+from rpg.preflight.validation import validate
 from rpg.preflight.gpu_probe import NodeProbe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -283,14 +284,15 @@ def wandb_line(environ: Mapping[str, str], config=None) -> Line:
 
 
 def recipe_config(script: Path, environ: Mapping[str, str]):
-    """The composed config a launch of `script` would run: its printed command, composed and finished as the launcher
-    does (`rpg.preflight.compose.compose_config`)."""
+    """The validated config a launch of `script` would run: its printed command, composed and finished as the launcher
+    does (`rpg.preflight.compose.compose_config`), then validated (`rpg.preflight.validation.validate`: the typed
+    config the memory plan and the disk check read)."""
     env = dict(environ, RPG_PRINT_ARGV="1", RPG_DRY_RUN="1")
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise ValueError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}")
     argv = json.loads(proc.stdout)["argv"]
-    return compose_config(argv[3:])
+    return validate(compose_config(argv[3:]))
 
 
 def recipe_lines(script: Path, environ: Mapping[str, str], node: NodeProbe, said: Sequence[str] = ()) -> list[Line]:
@@ -298,14 +300,14 @@ def recipe_lines(script: Path, environ: Mapping[str, str], node: NodeProbe, said
     already), checkpoint disk, wandb."""
     name = f"{script.parent.name}/{script.name}"
     try:
-        config = recipe_config(script, environ)
+        validated = recipe_config(script, environ)
     except Exception as e:  # noqa: BLE001 - a refused knob, a bad override: the launcher's own message
         return [Line("FAIL", name, f"does not compose: {e}", f"RPG_DRY_RUN=1 bash {script} shows the whole message")]
-    lines = []
+    config, lines = validated.config, []
     if gpu.is_gpu_run(config):
         out = io.StringIO()
         try:
-            plan = gpu.check_memory_plan(config, out=out, node=node)
+            plan = gpu.check_memory_plan(validated, out=out, node=node)
             status, detail, fix = (
                 ("OK", out.getvalue().strip(), "")
                 if plan
@@ -323,7 +325,7 @@ def recipe_lines(script: Path, environ: Mapping[str, str], node: NodeProbe, said
             if detail in said or ("vllm cannot be imported" in detail and "vllm is not installed" in said):
                 continue  # the node's line above says it, with the same fix
             lines.append(Line("FAIL", "launch", detail, fix))
-    if problem := disk.problem(config):
+    if problem := disk.problem(validated):
         lines.append(Line("FAIL", "ckpt disk", problem))
     if problem := wandb_check.wandb_problem(config, environ):
         detail, _, fix = problem.partition(" Fix, one of: ")

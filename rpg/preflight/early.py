@@ -27,16 +27,16 @@ ADV_ESTIMATOR_KEY = "algorithm.adv_estimator"
 VERL_POLICY_LOSSES = (
     "bypass_mode", "cispo", "clip_cov", "dppo_kl", "dppo_tv", "dro", "geo_mean", "gpg", "gspo", "kl_cov", "sapo",
     "vanilla",
-)  # fmt: skip
+)
 VERL_ADV_ESTIMATORS = (
     "gae", "gdpo", "gpg", "grpo", "grpo_passk", "grpo_vectorized", "opo", "optimal_token_baseline",
     "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "rloo_vectorized",
     "tir_optimal_token_baseline",
-)  # fmt: skip
+)
 VERL_POLICY_LOSS_FIELDS = (
     "_target_", "loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
     "rollout_correction",
-)  # fmt: skip
+)
 
 LIST_HINT = "python -m rpg.launch --list"
 
@@ -91,14 +91,14 @@ def _did_you_mean(value: str, names: Iterable[str]) -> str:
 
 def rpg_adv_estimators() -> tuple[str, ...]:
     """RPG's advantage estimators (`rpg.advantages.ADVANTAGE_ESTIMATORS`, which imports verl only when one runs)."""
-    from rpg.advantages import ADVANTAGE_ESTIMATORS
+    from rpg.advantages import ADVANTAGE_ESTIMATORS  # deferred: this module runs before verl is imported (above)
 
     return tuple(ADVANTAGE_ESTIMATORS)
 
 
 def policy_loss_names() -> tuple[str, ...]:
     """Every valid `policy_loss.loss_mode`: the loss table's rows, then verl's own losses."""
-    from rpg.loss_table import LOSSES
+    from rpg.loss_table import LOSSES  # deferred: the loss table imports torch, this module only the standard library
 
     return (*LOSSES, *VERL_POLICY_LOSSES)
 

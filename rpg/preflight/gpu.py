@@ -1,6 +1,6 @@
 """GPU launch checks, for a GPU run only (`trainer.device` is not `cpu`; the CPU profile sets it):
 
-* the per-GPU memory plan (`rpg.preflight.memory`, docs/gpu.md#memory-plan): exactly one line on stderr, the plan
+* the per-GPU memory plan (`rpg.preflight.memory_config`, docs/gpu.md#memory-plan): exactly one line on stderr, the plan
   (`[rpg] GPU memory plan (per GPU, <model>, budget B GiB): rollout R GiB, update U GiB`) or why none was made (the
   model's config.json is neither on disk, in the Hugging Face cache nor in the shipped table); a phase over budget
   is an error, in a dry run and at launch, naming the phase, the numbers and the settings that would fit;
@@ -33,7 +33,8 @@ from omegaconf import DictConfig
 
 from rpg.preflight.compose import RecipeConfigError
 from rpg.preflight.gpu_probe import FLASH_ATTN_EXTENSION, NodeProbe, probe, torch_cuda_version
-from rpg.preflight.memory import budget_from_env, memory_plan
+from rpg.preflight.memory_config import budget_from_env, memory_plan
+from rpg.preflight.verl_configs import ValidatedConfig
 
 # flash_attention_2's two install routes (docs/gpu.md#install). Each is written once, here: README.md's GPU quick start
 # and docs/gpu.md show the same text, and the launcher's messages name it (tests/preflight/test_gpu_probe_on_cpu.py).
@@ -78,12 +79,11 @@ def memory_plan_mode(environ=os.environ) -> str:
     return mode
 
 
-def check_memory_plan(
-    config: DictConfig, budget_gib: Optional[float] = None, out=None, node: Optional[NodeProbe] = None
-):
-    """Print the plan line (or why there is none) on `out` (stderr); raise RecipeConfigError if a phase is over budget
-    (with RPG_MEMORY_PLAN=warn: print the problems as warnings instead). `node`: this node's NVML answers for the
-    budget (default: asked in a child process when GPU_MEMORY_GIB is unset).
+def check_memory_plan(validated: ValidatedConfig, budget_gib: Optional[float] = None, out=None,
+                      node: Optional[NodeProbe] = None):
+    """Print the plan line of a validated run (or why there is none) on `out` (stderr); raise RecipeConfigError if a
+    phase is over budget (with RPG_MEMORY_PLAN=warn: print the problems as warnings instead). `node`: this node's NVML
+    answers for the budget (default: asked in a child process when GPU_MEMORY_GIB is unset).
 
     Returns the `MemoryPlan`, or None when the model's shape is unknown or the engine is not estimated."""
     out = out or sys.stderr
@@ -93,7 +93,7 @@ def check_memory_plan(
     except ValueError as e:  # a bad GPU_MEMORY_GIB
         raise RecipeConfigError(str(e)) from None
     try:
-        plan = memory_plan(config, budget_gib=budget)
+        plan = memory_plan(validated, budget_gib=budget)
     except ValueError as e:  # no config.json for the model, or an engine the plan does not cover
         print(f"[rpg] GPU memory plan: not computed: {e}", file=out)
         return None
@@ -256,17 +256,18 @@ def driver_problems(node: NodeProbe, torch_cuda: Optional[str], python: str) -> 
     ]
 
 
-def check_gpu_launch(config: DictConfig, *, dry_run: bool, local: bool, out=None) -> None:
-    """The GPU checks of `rpg.launch.run` (nothing for a CPU run): the memory plan, then, for a local launch or any
-    dry run, what the node lacks (an error at launch, a warning in a dry run)."""
+def check_gpu_launch(validated: ValidatedConfig, *, dry_run: bool, local: bool, out=None) -> None:
+    """The GPU checks of `rpg.launch.run` on a validated run (nothing for a CPU run): the memory plan, then, for a
+    local launch or any dry run, what the node lacks (an error at launch, a warning in a dry run)."""
+    config = validated.config
     if not is_gpu_run(config):
         return
     out = out or sys.stderr
     if not (dry_run or local):  # a Ray job: the budget is this node's GPU (or GPU_MEMORY_GIB), the rest the cluster's
-        check_memory_plan(config, out=out)
+        check_memory_plan(validated, out=out)
         return
     node = _probe_node(config, importlib.util.find_spec)  # one child process for the driver, the GPUs, flash-attn
-    check_memory_plan(config, out=out, node=node)
+    check_memory_plan(validated, out=out, node=node)
     problems = runtime_problems(config, node=node)
     if dry_run:
         for problem in problems:

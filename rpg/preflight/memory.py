@@ -43,8 +43,9 @@ as if ``ulysses_sequence_parallel_size == 1``), LoRA, activation offload, ``use_
 vision towers, MoE, torch.compile's workspaces, vLLM's CUDA-graph pool beyond ``VLLM_SLEEP_REMAINDER_GIB``,
 processes other than verl's on the GPU, and the critic (RPG and the baselines have none).
 
-The core (``ModelShape``, ``Settings``, ``estimate``) is pure numbers and imports nothing beyond the standard library;
-only ``memory_plan``/``settings_from_config`` read an OmegaConf config (as ``rpg.launch.compose_config`` returns).
+This module is the arithmetic: the model's shape (``ModelShape``, from a config.json, the Hugging Face cache or the
+shipped table), the run's numbers (``Settings``) and the plan (``estimate``); pure numbers, nothing beyond the
+standard library. ``rpg.preflight.memory_config`` reads a validated run's ``Settings`` and budget and makes its plan.
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ from rpg import modes
 
 GIB = float(1 << 30)
 DEFAULT_BUDGET_GIB = 80.0
-BUDGET_ENV = "GPU_MEMORY_GIB"
 MODEL_TABLE = Path(__file__).with_name("model_configs.json")
 
 # Estimated constants (GiB per GPU), none measured on a GPU yet (docs/gpu.md#unconfirmed).
@@ -73,6 +73,7 @@ HEADROOM_GIB = 2.0  # allocator fragmentation and small buffers: a phase must fi
 # Measured on one GPU (issue 33; docs/gpu.md#checking-the-plan-on-one-gpu)
 TOPK_SUPPORT_BYTES = 8  # per token and support entry: int32 id + fp32 log-prob (rpg.topk_kl.Support)
 TOPK_CHUNK_TOKENS = 1024  # rows of the top-k KL's chunked log-sum-exp (rpg.topk_kl.DEFAULT_CHUNK_TOKENS)
+TOPK_BACKWARD_FP32_CHUNKS = 2  # fp32 (chunk, V) tensors its backward holds at once (docs/benchmarks.md#topk-kl-gpu)
 TORCH_CE_FP32_COPIES = 1  # fp32 tokens × vocab tensors torch's cross-entropy path adds at the logits moment (H200)
 CUDA_HIDDEN_MIB = ((81_559, 480), (143_771, 615))  # (NVML total, NVML − mem_get_info total) MiB: H100, H200
 
@@ -148,7 +149,8 @@ class ModelShape:
         missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                                "vocab_size") if k not in cfg]
         if missing:
-            raise ValueError(f"model config of {name!r} lacks {missing}; the memory plan needs a decoder-only HF config")
+            raise ValueError(f"model config of {name!r} lacks {missing}; the memory plan needs a decoder-only HF "
+                             "config")
         return cls(
             name=name,
             model_type=str(cfg.get("model_type", "qwen2")),
@@ -261,6 +263,11 @@ class MemoryPlan:
         frac = min(frac, (self.visible_gib - self.startup_trainer_gib) / self.visible_gib)
         return math.floor(frac * 20 + 1e-9) / 20
 
+    def over_limit(self) -> str:
+        """The limit a phase is over, in words: CUDA's total less the headroom."""
+        return (f"{self.visible_gib:.1f} GiB CUDA sees less {self.headroom_gib:.1f} GiB headroom "
+                f"({self.limit_gib:.1f} GiB)")
+
     def problems(self) -> list[str]:
         """Errors for every phase over budget - headroom, each naming the numbers and the settings that fit."""
         s, out = self.settings, []
@@ -279,14 +286,13 @@ class MemoryPlan:
             if s.rollout_tp == 1:
                 fixes.append("with a lower fraction, actor_rollout_ref.rollout.tensor_model_parallel_size=2 halves "
                              "vLLM's weights per GPU so more of the pool is KV cache")
+            outside = ", ".join(f"{k} {v:.1f}" for k, v in self.rollout.items() if not k.startswith("vLLM pool") and v)
             out.append(
                 f"GPU memory plan: the rollout phase needs about {self.rollout_gib:.1f} GiB per GPU, over the "
-                f"{self.visible_gib:.1f} GiB CUDA sees less {self.headroom_gib:.1f} GiB headroom ({self.limit_gib:.1f} GiB): "
-                f"vLLM {s.gpu_memory_utilization:g} × {self.visible_gib:.1f} GiB = {s.gpu_memory_utilization * self.visible_gib:.1f} GiB "
-                f"plus {others:.1f} GiB outside vLLM's pool "
-                f"({', '.join(f'{k} {v:.1f}' for k, v in self.rollout.items() if not k.startswith('vLLM pool') and v)}); "
-                f"the first OOM would come at the KV-cache resume of step 2 (optimizer states exist after step 1). "
-                f"To fit: " + "; or ".join(fixes) + ".")
+                f"{self.over_limit()}: vLLM {s.gpu_memory_utilization:g} × {self.visible_gib:.1f} GiB = "
+                f"{s.gpu_memory_utilization * self.visible_gib:.1f} GiB plus {others:.1f} GiB outside vLLM's pool "
+                f"({outside}); the first OOM would come at the KV-cache resume of step 2 (optimizer states exist after "
+                f"step 1). To fit: " + "; or ".join(fixes) + ".")
         if self.update_gib > self.limit_gib:
             tokens = self.max_update_tokens()
             fixes = []
@@ -301,10 +307,9 @@ class MemoryPlan:
                 fixes.append("set actor_rollout_ref.rollout.free_cache_engine=True (vLLM sleeps during the update)")
             fixes.append(f"use more GPUs (trainer.n_gpus_per_node × trainer.nnodes, now {s.n_gpus}: the fp32 "
                          f"parameter, gradient and optimizer shards shrink with it)")
-            out.append(
-                f"GPU memory plan: the update phase needs about {self.update_gib:.1f} GiB per GPU, over the "
-                f"{self.visible_gib:.1f} GiB CUDA sees less {self.headroom_gib:.1f} GiB headroom ({self.limit_gib:.1f} GiB): "
-                + ", ".join(f"{k} {v:.1f}" for k, v in self.update.items() if v) + ". To fit: " + "; or ".join(fixes) + ".")
+            terms = ", ".join(f"{k} {v:.1f}" for k, v in self.update.items() if v)
+            out.append(f"GPU memory plan: the update phase needs about {self.update_gib:.1f} GiB per GPU, over the "
+                       f"{self.over_limit()}: {terms}. To fit: " + "; or ".join(fixes) + ".")
         if self.startup_free_needed_gib > self.visible_gib - self.startup_trainer_gib:
             out.append(
                 f"GPU memory plan: vLLM needs {self.startup_free_needed_gib:.1f} GiB free at start-up "
@@ -355,6 +360,16 @@ def sampler_gib(m: ModelShape, s: Settings) -> tuple[float, float]:
     peak = SAMPLER_BYTES_PER_ROW_TOKEN * rows * m.vocab_size / GIB  # every TP rank samples the gathered logits
     outside = UNPROFILED_LOGPROBS_BYTES * rows * m.vocab_size / GIB if s.logprobs_mode.startswith("raw") else 0.0
     return peak, outside
+
+
+def topk_backward_gib(tokens: int, vocab: int, compute_bytes: int = 2) -> float:
+    """What the top-k KL's backward holds beyond verl's own at the update's logits moment, its support aside, GiB
+    (docs/losses.md#topk-costs): its `(tokens, V)` logits gradient in the compute precision, and
+    `TOPK_BACKWARD_FP32_CHUNKS` fp32 `(chunk, V)` tensors of the chunked log-sum-exp's backward
+    (`rpg.topk_kl._ChunkedLogSumExp.backward`: a chunk of the bf16 logits upcast to fp32, and its difference from the
+    log-sum-exp, exponentiated in place). Measured on an H200 within 1 % (docs/benchmarks.md#topk-kl-gpu)."""
+    chunk = min(tokens, TOPK_CHUNK_TOKENS)
+    return (tokens * vocab * compute_bytes + TOPK_BACKWARD_FP32_CHUNKS * chunk * vocab * 4) / GIB
 
 
 def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB, model: str = "") -> MemoryPlan:
@@ -412,12 +427,11 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
              "logits": (0.0 if s.fused_kernels else 1.0 + (2.0 if s.entropy else 0.0))
              * Ti * m.vocab_size * s.compute_bytes / GIB}
     if s.topk:  # docs/losses.md#topk-costs: 8·k bytes per token, the chunked log-sum-exp, its own logits gradient
-        chunk_update, chunk_infer = min(T, TOPK_CHUNK_TOKENS), min(Ti, TOPK_CHUNK_TOKENS)
+        chunk_infer = min(Ti, TOPK_CHUNK_TOKENS)
         backward["top-k KL support (8·k B/token)"] = TOPK_SUPPORT_BYTES * s.topk * T / GIB
-        backward["top-k KL logits gradient + chunk"] = (T * m.vocab_size * s.compute_bytes
-                                                         + chunk_update * m.vocab_size * 4) / GIB  # fmt: skip
-        infer["top-k KL support + selection chunk"] = (TOPK_SUPPORT_BYTES * s.topk * Ti
-                                                        + 2 * chunk_infer * m.vocab_size * 4) / GIB  # fmt: skip
+        backward["top-k KL logits gradient + fp32 chunks"] = topk_backward_gib(T, m.vocab_size, s.compute_bytes)
+        infer["top-k KL support + selection chunk"] = (
+            TOPK_SUPPORT_BYTES * s.topk * Ti + 2 * chunk_infer * m.vocab_size * 4) / GIB
     update_moments = {"backward": backward, "end of backward": end_backward, "optimizer step": step, "log-prob": infer}
     name, update = max(update_moments.items(), key=lambda kv: sum(kv[1].values()))
     plan = MemoryPlan(model=model or m.name, budget_gib=budget_gib, settings=s, shape=m, rollout=rollout,
@@ -435,7 +449,7 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Reading a model config and a verl config
+# The model's shape: its config.json (a local folder, the Hugging Face cache) or the shipped table
 # ----------------------------------------------------------------------------------------------------------------
 def shipped_models() -> dict:
     data = json.loads(MODEL_TABLE.read_text())
@@ -469,23 +483,6 @@ def _text_config(cfg: dict) -> dict:
     return cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
 
 
-def _bytes(name: Any, setting: str) -> int:
-    key = str(name).lower().replace("torch.", "")
-    if key not in DTYPE_BYTES:
-        raise ValueError(f"GPU memory plan: {setting}={name!r} is not a dtype the plan knows; "
-                         f"choose one of {sorted(set(DTYPE_BYTES))}")
-    return DTYPE_BYTES[key]
-
-
-def _needs_reference(config: Any) -> bool:
-    try:
-        from verl.trainer.ppo.utils import need_reference_policy
-    except ImportError:  # same rule as verl 0.9.1's need_reference_policy
-        algo = config.get("algorithm", {}) or {}
-        return bool(algo.get("use_kl_in_reward", False) or config.actor_rollout_ref.actor.use_kl_loss)
-    return bool(need_reference_policy(config))
-
-
 def optimizer_states(name: str) -> tuple[int, bool]:
     """(fp32 states per parameter, whether the step is torch's foreach kind) of an optimizer class name."""
     low = name.lower()
@@ -496,140 +493,3 @@ def optimizer_states(name: str) -> tuple[int, bool]:
     if low == "sgd":
         return 1, True
     return 2, True  # unknown: assume Adam-like
-
-
-def flash_ce_available() -> bool:
-    """Whether verl 0.9.1 takes flash-attn's in-place cross-entropy in this environment (verl/utils/torch_functional.py:
-    the `flash_attn` package importable, VERL_DISABLE_FLASH_ATTN_CE unset); else torch's path (more logits copies)."""
-    import importlib.util
-
-    return importlib.util.find_spec("flash_attn") is not None and os.environ.get("VERL_DISABLE_FLASH_ATTN_CE") != "1"
-
-
-def settings_from_config(config: Any, flash_ce: Optional[bool] = None) -> Settings:
-    """`Settings` of a composed verl config (an OmegaConf DictConfig from rpg.launch.compose_config); `flash_ce`
-    None: `flash_ce_available()` here (the launcher runs in the run's environment)."""
-    arr = config.actor_rollout_ref
-    actor, rollout, model, data = arr.actor, arr.rollout, arr.model, config.data
-    fsdp = actor.get("fsdp_config", {}) or {}
-    seq = int(data.max_prompt_length) + int(data.max_response_length)
-
-    def tokens(dynamic: bool, max_tokens: Any, micro: Any, setting: str) -> int:
-        if dynamic:
-            if max_tokens is None:
-                raise ValueError(f"GPU memory plan: {setting} is unset with dynamic batch sizes")
-            return max(int(max_tokens), seq)  # a sequence longer than the budget still forms its own micro-batch
-        if micro is None:
-            raise ValueError(f"GPU memory plan: {setting} is unset (set it, or use_dynamic_bsz=True)")
-        return int(micro) * seq
-
-    update_tokens = tokens(bool(actor.use_dynamic_bsz), actor.get("ppo_max_token_len_per_gpu"),
-                           actor.get("ppo_micro_batch_size_per_gpu"), "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
-    infer_tokens = tokens(bool(rollout.get("log_prob_use_dynamic_bsz", actor.use_dynamic_bsz)),
-                          rollout.get("log_prob_max_token_len_per_gpu"), rollout.get("log_prob_micro_batch_size_per_gpu"),
-                          "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")
-    mp = fsdp.get("mixed_precision", None) or {}
-    opt = str((actor.get("optim", {}) or {}).get("optimizer", "AdamW"))
-    n_states, foreach = optimizer_states(opt)
-    bucket = ((rollout.get("checkpoint_engine", {}) or {}).get("update_weights_bucket_megabytes", 2048)) or 2048
-    return Settings(
-        n_gpus=int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes),
-        update_tokens=update_tokens,
-        infer_tokens=infer_tokens,
-        gpu_memory_utilization=float(rollout.gpu_memory_utilization),
-        rollout_tp=int(rollout.get("tensor_model_parallel_size", 1) or 1),
-        free_cache_engine=bool(rollout.get("free_cache_engine", True)),
-        param_offload=bool(fsdp.get("param_offload", False)),
-        optimizer_offload=bool(fsdp.get("optimizer_offload", False)),
-        param_bytes=_bytes(fsdp.get("model_dtype", "fp32") or "fp32", "actor_rollout_ref.actor.fsdp_config.model_dtype"),
-        compute_bytes=_bytes(mp.get("param_dtype", "bf16"), "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"),
-        reduce_bytes=_bytes(mp.get("reduce_dtype", "fp32"), "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype"),
-        optimizer=opt,
-        optimizer_states=n_states,
-        foreach_step=foreach,
-        gradient_checkpointing=bool(model.get("enable_gradient_checkpointing", False)),
-        fused_kernels=bool(model.get("use_fused_kernels", False)),
-        flash_ce=flash_ce_available() if flash_ce is None else bool(flash_ce),
-        entropy=bool(actor.get("calculate_entropy", False)) or float(actor.get("entropy_coeff", 0) or 0) != 0.0,
-        reference=_needs_reference(config),
-        weight_bucket_mib=int(bucket),
-        strategy=str(actor.get("strategy", "fsdp")),
-        max_num_seqs=int(rollout.get("max_num_seqs", 1024) or 1024),
-        max_num_batched_tokens=int(rollout.get("max_num_batched_tokens", 8192) or 8192),
-        logprobs_mode=str(rollout.get("logprobs_mode", "processed_logprobs") or "processed_logprobs"),
-        topk=topk_width(actor.get("policy_loss", None) or {}),
-    )
-
-
-def topk_width(policy_loss: Any) -> int:
-    """k of the top-k KL's support a policy-loss config selects (`kl_estimator=topk`; default k 64), else 0."""
-    if not modes.estimator(str(policy_loss.get("kl_estimator", "sampled"))).support:
-        return 0
-    return int(policy_loss.get("kl_topk", 64))
-
-
-def budget_from_env(node: Any = None) -> float:
-    """GPU_MEMORY_GIB if set, else the smallest total memory of this node's GPUs as NVML reports it (`node`, a
-    `rpg.preflight.gpu_probe.NodeProbe`; default: asked in a child process, so the launcher creates no CUDA context),
-    else 80."""
-    raw = os.environ.get(BUDGET_ENV, "").strip()
-    if raw:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise ValueError(f"{BUDGET_ENV}={raw!r} is not a positive number of GiB (e.g. {BUDGET_ENV}=80)")
-        return value
-    if node is None:
-        from rpg.preflight.gpu_probe import probe
-
-        node = probe(("nvml",))
-    if node.gpu_total_bytes:
-        return min(node.gpu_total_bytes) / GIB
-    return DEFAULT_BUDGET_GIB
-
-
-def memory_plan(config: Any, model_cfg: Optional[dict] = None, budget_gib: Optional[float] = None,
-                flash_ce: Optional[bool] = None) -> MemoryPlan:
-    """The per-GPU plan of a composed verl config. `model_cfg`: a config.json dict (default: read from
-    actor_rollout_ref.model.path, the HF cache or the shipped table); `budget_gib`: default `budget_from_env()`;
-    `flash_ce`: flash-attn's cross-entropy (default: whether this environment has it, `flash_ce_available`)."""
-    model = config.actor_rollout_ref.model
-    path = str(model.path)
-    shape = ModelShape.from_dict(path, model_cfg) if model_cfg is not None else load_model_shape(
-        path, model.get("hf_config_path", None))
-    strategy = str(config.actor_rollout_ref.actor.get("strategy", "fsdp"))
-    if strategy not in ("fsdp", "fsdp2"):
-        raise ValueError(f"GPU memory plan: actor_rollout_ref.actor.strategy={strategy!r} is not estimated; "
-                         f"it covers fsdp and fsdp2")
-    budget = budget_from_env() if budget_gib is None else float(budget_gib)
-    return estimate(shape, settings_from_config(config, flash_ce), budget, model=path)
-
-
-def smoke_comparison(config: Any, report: Any) -> str:
-    """A smoke run's measured peaks (`rpg.smoke.SmokeReport`: `update_gib`, `gpu_peaks`, `device`) against the plan,
-    as benchmarks/gpu_memory_probe.py compares them: the actor workers' torch allocation peak against the update
-    phase less what lies outside their allocator (CUDA contexts, NCCL, the sleeping vLLM), NVML's peak used on a GPU
-    against the rollout phase, on the budget of the smallest GPU measured; OK unless a measurement exceeds the plan
-    by more than 0.5 GiB. "" when nothing was measured (CPU) or the plan cannot be made."""
-    if report.device == "cpu" or not (report.update_gib or report.gpu_peaks):
-        return ""
-    budget = min((t for _, t in report.gpu_peaks.values()), default=DEFAULT_BUDGET_GIB * GIB) / GIB
-    try:
-        plan = memory_plan(config, budget_gib=budget)
-    except ValueError:
-        return ""
-    outside = sum(plan.update.get(k, 0.0) for k in ("CUDA contexts", "NCCL", "vLLM asleep"))
-    used = max((u for u, _ in report.gpu_peaks.values()), default=None)
-    alloc = report.update_gib[0] if report.update_gib else None
-    pairs = [("update, torch allocated", alloc, plan.update_gib - outside),
-             ("rollout, GPU used (NVML)", used / GIB if used else None, plan.rollout_gib)]
-    parts, low = [], []
-    for label, measured, planned in pairs:
-        if measured is not None:
-            parts.append(f"{label} {measured:.1f} GiB vs planned {planned:.1f}")
-            low += [label] if measured > planned + 0.5 else []
-    verdict = "OK" if not low else (f"PLAN TOO LOW for {', '.join(low)}: report it "
-                                    "(docs/gpu.md#checking-the-plan-on-one-gpu)")
-    return f"[rpg smoke] memory vs plan (budget {budget:.1f} GiB): {'; '.join(parts)}; verdict {verdict}\n"

@@ -191,7 +191,7 @@ def test_an_interpreter_that_cannot_start_is_a_message():
 
 
 def test_the_budget_is_the_smallest_gpu_from_nvml(tmp_path, monkeypatch):
-    from rpg.preflight.memory import budget_from_env
+    from rpg.preflight.memory_config import budget_from_env
 
     monkeypatch.delenv("GPU_MEMORY_GIB", raising=False)
     node = _probe(tmp_path, what=("nvml",))

@@ -1,16 +1,19 @@
-"""The GPU memory plan (rpg.preflight.memory, docs/gpu.md#memory-plan): exact parameter counts of the recipe models,
-bytes per state for each dtype/offload setting, the plan line and problems, and the plan of shipped recipes."""
+"""The GPU memory plan (rpg.preflight.memory, rpg.preflight.memory_config; docs/gpu.md#memory-plan): exact parameter
+counts of the recipe models, bytes per state for each dtype/offload setting, the plan line and problems, and the plan
+of shipped recipes (validated, as the launcher plans them)."""
 
 from __future__ import annotations
 
 import functools
 import math
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from rpg.preflight import memory as M
+from rpg.preflight import memory_config as MC
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
 
@@ -145,10 +148,10 @@ def test_sampler_term_is_vllms_sampler_arithmetic():
 
 def test_budget_env(monkeypatch):
     monkeypatch.setenv("GPU_MEMORY_GIB", "141")
-    assert M.budget_from_env() == 141.0
+    assert MC.budget_from_env() == 141.0
     monkeypatch.setenv("GPU_MEMORY_GIB", "eighty")
     with pytest.raises(ValueError, match="GPU_MEMORY_GIB='eighty' is not a positive number"):
-        M.budget_from_env()
+        MC.budget_from_env()
 
 
 def test_model_config_sources(tmp_path, monkeypatch):
@@ -175,25 +178,27 @@ RECIPES = ["7b/run_rpg_7b_urkl1e-4.sh", "7b/run_grpo_7b.sh", "7b/run_rpg_7b_fkl1
            "4b/run_rpg_urkl_8k.sh"]
 
 
-@functools.lru_cache(maxsize=None)  # read only: each script composed once per session
+@functools.lru_cache(maxsize=None)  # read only: each script composed and validated once per session
 def _config(script: str, **over):
+    """The validated recipe (`rpg.launch.compose_and_validate` of its overrides and `over`), as the launcher plans
+    it."""
     import recipe_helpers as H
+
+    from rpg.launch import compose_and_validate
 
     overrides = H.overrides(H.RECIPE / script)
     overrides += [f"{k}={v}" for k, v in over.items()]
-    from rpg.launch import compose_config
-
-    return compose_config(overrides)
+    return compose_and_validate(overrides)
 
 
 def _plan(script: str, **over):
-    return M.memory_plan(_config(script, **over), budget_gib=80.0, flash_ce=True)
+    return MC.memory_plan(_config(script, **over), budget_gib=80.0, flash_ce=True)
 
 
 @pytest.mark.parametrize("script", RECIPES)
 def test_recipe_plans(script):
     cfg = _config(script)
-    plan = M.memory_plan(cfg, budget_gib=80.0, flash_ce=True)
+    plan = MC.memory_plan(cfg, budget_gib=80.0, flash_ce=True)
     s = plan.settings
     shipped = 0.75 if script.startswith("7b/") else 0.8  # the recipes' vLLM share (docs/differences.md#d28)
     assert s.n_gpus == 8 and s.gpu_memory_utilization == shipped and s.rollout_tp == 1
@@ -203,7 +208,7 @@ def test_recipe_plans(script):
     print(plan.breakdown())
     assert plan.limit_gib == pytest.approx(80.0 - 480 / 1024 - 2.0)  # CUDA's total on an H100, less the headroom
     # 8 × 80 GiB with 4 GiB to spare, with flash-attn's cross-entropy or torch's (one more fp32 logits copy)
-    torch_ce = M.memory_plan(cfg, budget_gib=80.0, flash_ce=False)
+    torch_ce = MC.memory_plan(cfg, budget_gib=80.0, flash_ce=False)
     for p in (plan, torch_ce):
         assert p.problems() == [] and max(p.rollout_gib, p.update_gib) <= p.limit_gib - 4, p.breakdown()
     assert torch_ce.update_gib > plan.update_gib
@@ -292,29 +297,69 @@ def test_the_smoke_report_compares_its_peaks_with_the_plan():
     from types import SimpleNamespace
 
     cfg = _config(RECIPES[0])  # composed for test_recipe_plans already
-    plan = M.memory_plan(cfg, budget_gib=80.0)
+    plan = MC.memory_plan(cfg, budget_gib=80.0)
     trainer_only = plan.update_gib - plan.update["CUDA contexts"] - plan.update["NCCL"] - plan.update["vLLM asleep"]
     fits = SimpleNamespace(device="cuda", update_gib=(trainer_only - 1.0, 40.0), gpu_peaks={0: (70 * 1 << 30, 80 << 30)})
-    line = M.smoke_comparison(cfg, fits)
+    line = MC.smoke_comparison(cfg, fits)
     assert line == (f"[rpg smoke] memory vs plan (budget 80.0 GiB): update, torch allocated {trainer_only - 1:.1f} GiB "
                     f"vs planned {trainer_only:.1f}; rollout, GPU used (NVML) 70.0 GiB vs planned {plan.rollout_gib:.1f}; "
                     "verdict OK\n")  # fmt: skip
     over = SimpleNamespace(device="cuda", update_gib=(trainer_only + 2.0, 50.0), gpu_peaks={})
-    assert "verdict PLAN TOO LOW for update, torch allocated" in M.smoke_comparison(cfg, over)
-    assert M.smoke_comparison(cfg, SimpleNamespace(device="cpu", update_gib=(1.0, 1.0), gpu_peaks={})) == ""
+    assert "verdict PLAN TOO LOW for update, torch allocated" in MC.smoke_comparison(cfg, over)
+    assert MC.smoke_comparison(cfg, SimpleNamespace(device="cpu", update_gib=(1.0, 1.0), gpu_peaks={})) == ""
 
 
 @pytest.mark.parametrize("k", [16, 64])
 def test_the_topk_kl_adds_its_support_and_its_logits_gradient(k):
     """kl_estimator=topk (docs/losses.md#topk-costs): 8·k bytes per token in the update's backward and the log-prob
-    pass, plus one more (tokens, V) gradient in compute precision and the chunked log-sum-exp's fp32 rows."""
+    pass, plus one more (tokens, V) gradient in compute precision and two fp32 chunks of the chunked log-sum-exp."""
     m = SHAPES["Qwen/Qwen3-4B"]
     s = M.Settings(update_tokens=8192, infer_tokens=2048)
     base, topk = M.estimate(m, s, 80.0), M.estimate(m, s.replace(topk=k), 80.0)
     gib = 2**30
-    extra_backward = (8 * k * 8192 + 8192 * m.vocab_size * 2 + 1024 * m.vocab_size * 4) / gib
+    extra_backward = (8 * k * 8192 + 8192 * m.vocab_size * 2 + 2 * 1024 * m.vocab_size * 4) / gib
     extra_infer = (8 * k * 2048 + 2 * 1024 * m.vocab_size * 4) / gib
     assert topk.moments["backward"] - base.moments["backward"] == pytest.approx(extra_backward, rel=1e-12)
     assert topk.moments["log-prob"] - base.moments["log-prob"] == pytest.approx(extra_infer, rel=1e-12)
     assert topk.moments["optimizer step"] == base.moments["optimizer step"]
-    assert M.topk_width({"kl_estimator": "topk", "kl_topk": k}) == k and M.topk_width({"kl_topk": k}) == 0
+
+
+
+def test_the_plan_reads_k_from_the_typed_rpg_settings():
+    """k comes from the validated run's `RPGPolicyLossConfig` (its declared default where the recipe sets none)."""
+    topk = _config("4b/run_rpg_urkl_4k_topk.sh")
+    assert MC.topk_width(topk.rpg) == topk.rpg.kl_topk == 64
+    assert MC.memory_plan(topk, budget_gib=80.0).settings.topk == 64
+    assert MC.topk_width(_config(RECIPES[0]).rpg) == 0  # the sampled estimator
+    assert MC.topk_width(_config("7b/run_grpo_7b.sh").rpg) == 0  # verl's own loss: no RPG settings (None)
+
+
+# ---- the top-k KL's backward against the H200 log (docs/benchmarks.md#topk-kl-gpu) ---------------------------------
+# `benchmarks/bench_topk_kl.py --device cuda --dtype bf16 --tokens 2048,8192` on one H200, 2026-11-27
+# (docs/gpu-check/2026-11-27-h200/topk_kl.log; the table of docs/benchmarks.md#topk-kl-gpu, column "peak MiB", top-k
+# k = 64): the peak of the top-k KL's forward + backward above what was allocated before it (the bf16 logits, the
+# support), MiB, per (tokens, vocabulary)
+TOPK_H200_MIB = {(2048, 32000): 377, (8192, 32000): 756, (2048, 151_936): 1782, (8192, 151_936): 3567}
+
+
+def test_the_topk_measurements_are_the_docs_table():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    section = text[text.index('<a id="topk-kl-gpu"></a>'):text.index('<a id="losses-gpu"></a>')]
+    rows = re.findall(r"^\| (\d+) × (\d+) \|.*\| \d+ / (\d+) \|$", section, re.M)
+    assert {(int(t), int(v)): int(mib) for t, v, mib in rows} == TOPK_H200_MIB
+
+
+@pytest.mark.parametrize("tokens, vocab", sorted(TOPK_H200_MIB))
+def test_the_plan_counts_the_topk_backward_as_measured_on_an_h200(tokens, vocab):
+    """What the top-k KL adds to the update's backward moment at k = 64 in bf16, its support aside (allocated before
+    the benchmark's measurement), is within 2 % of each of the four H200 peaks. The plan before issue 39 counted one
+    fp32 (chunk, V) tensor fewer (0.58 GiB at V = 152k) and misses every case by more than 2 %."""
+    shape = M.ModelShape.from_dict("bench", TABLE["Qwen/Qwen3-4B"] | {"vocab_size": vocab})
+    s = M.Settings(n_gpus=1, update_tokens=tokens, infer_tokens=1, compute_bytes=2)
+    added = M.estimate(shape, s.replace(topk=64)).moments["backward"] - M.estimate(shape, s).moments["backward"]
+    planned = (added - M.TOPK_SUPPORT_BYTES * 64 * tokens / GIB) * 1024
+    measured = TOPK_H200_MIB[tokens, vocab]
+    assert abs(planned - measured) <= 0.02 * measured, (planned, measured)
+    assert planned == pytest.approx(M.topk_backward_gib(tokens, vocab) * 1024)
+    one_chunk_fewer = planned - min(tokens, M.TOPK_CHUNK_TOKENS) * vocab * 4 / 2**20
+    assert measured - one_chunk_fewer > 0.02 * measured

@@ -28,6 +28,7 @@ from recipe_helpers import (
     SCRIPTS_4B,
     SCRIPTS_7B,
     SCRIPTS_CPU,
+    cfg_with,
     composed,
     overrides,
     printed,
@@ -198,6 +199,38 @@ def test_the_digest_sees_a_changed_setting():
     assert dd.digest(dd.normalised_yaml(overrides(script) + ["trainer.test_freq=11"])) != base
 
 
+# ---- what the launcher derives from a validated config (rpg/tools/dry_run_digest.py: plan_text) ---------------------
+# The dry run's summary, the checkpoint-disk estimate, the GPU memory plan (both cross-entropy paths, 80 GiB) and the
+# smoke overrides of every recipe hash to their line of dry_run_plan_golden.txt: the consumers of the typed config may
+# be rewritten, their answers may not change by accident.
+PLAN_GOLDEN = Path(__file__).with_name("dry_run_plan_golden.txt")
+PLAN_HINT = ("python -m rpg.tools.dry_run_digest --plans --yaml-dir /tmp/new, the same on the previous commit with "
+             "--yaml-dir /tmp/old, then diff -r /tmp/old /tmp/new; if the change is deliberate: python -m "
+             "rpg.tools.dry_run_digest --plans --write tests/recipes/dry_run_plan_golden.txt")
+
+
+def test_plan_golden_lists_every_recipe_script():
+    assert sorted(dd.read_golden(PLAN_GOLDEN)) == sorted(dd.name(s) for s in ALL_SCRIPTS)
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_recipe_summary_disk_plan_and_smoke_are_golden(script: Path):
+    with dd.fixed_machine():
+        text = dd.plan_text(validated(script))
+    assert dd.digest(text) == dd.read_golden(PLAN_GOLDEN)[dd.name(script)], f"{dd.name(script)}:\n{text}\n{PLAN_HINT}"
+
+
+def test_the_plan_digest_sees_a_changed_setting():
+    """The comparison can fail: a changed memory setting changes the text's digest."""
+    from rpg.launch import validate
+
+    script = RECIPE / "4b" / "run_rpg_urkl_4k_topk.sh"
+    with dd.fixed_machine():
+        changed = dd.plan_text(validate(cfg_with(composed(script), {"actor_rollout_ref.actor.policy_loss.kl_topk": 32})))
+    assert dd.digest(changed) != dd.read_golden(PLAN_GOLDEN)[dd.name(script)]
+    assert "k 32 (π_old's top-k)" in changed
+
+
 # ---- the GPU scripts: FSDP2 everywhere, a memory plan within 80 GiB (rpg/preflight/gpu.py) -------------------------
 @pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_gpu_recipe_runs_actor_and_reference_on_fsdp2(script):
@@ -207,11 +240,11 @@ def test_every_gpu_recipe_runs_actor_and_reference_on_fsdp2(script):
 
 @pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_gpu_recipe_plans_within_80_gib(script, capsys):
-    cfg = validated(script).config
+    v = validated(script)
     capsys.readouterr()
     expected = 0.75 if script.parent.name == "7b" else 0.8  # docs/differences.md#d28
-    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == expected
-    plan = check_memory_plan(cfg, budget_gib=80)
+    assert v.config.actor_rollout_ref.rollout.gpu_memory_utilization == expected
+    plan = check_memory_plan(v, budget_gib=80)
     assert plan is not None and plan.problems() == []
     assert max(plan.rollout_gib, plan.update_gib) <= plan.limit_gib - 4  # 4 GiB under the limit (sampler counted)
     assert capsys.readouterr().err == plan.line() + "\n"

@@ -12,7 +12,7 @@ import sys
 import pytest
 from recipe_helpers import RECIPE, SCRIPTS_4B, SCRIPTS_7B, cfg_with, overrides, run_script, validated
 
-from rpg.launch import RecipeConfigError, validate_recipe
+from rpg.launch import RecipeConfigError, validate, validate_recipe
 from rpg.preflight.gpu import check_gpu_launch, check_memory_plan
 
 
@@ -65,7 +65,7 @@ def dapo_7b():
 def test_an_over_budget_7b_run_is_refused_naming_the_setting(dapo_7b, capsys):
     cfg = cfg_with(dapo_7b, **{UTIL: 0.95})
     with pytest.raises(RecipeConfigError, match="GPU memory plan over budget") as e:
-        check_memory_plan(cfg, budget_gib=80)
+        check_memory_plan(validate(cfg), budget_gib=80)
     message = str(e.value)
     assert "rollout phase needs about" in message
     assert "lower actor_rollout_ref.rollout.gpu_memory_utilization from 0.95 to 0.80 or below" in message
@@ -91,20 +91,21 @@ def test_the_opt_out_lets_a_dry_run_over_budget_through_with_warnings(monkeypatc
         "rollout phase needs about" in err
     monkeypatch.setenv("RPG_MEMORY_PLAN", "ignore")
     with pytest.raises(RecipeConfigError, match="RPG_MEMORY_PLAN='ignore' is not valid; choose one of: enforce warn"):
-        check_memory_plan(validated(RECIPE / "7b" / "run_dapo_7b.sh").config, budget_gib=80)
+        check_memory_plan(validated(RECIPE / "7b" / "run_dapo_7b.sh"), budget_gib=80)
 
 
-def test_the_budget_comes_from_gpu_memory_gib(dapo_7b, monkeypatch, capsys):
+def test_the_budget_comes_from_gpu_memory_gib(monkeypatch, capsys):
     monkeypatch.setenv("GPU_MEMORY_GIB", "141")
-    check_memory_plan(dapo_7b)
+    check_memory_plan(validated(RECIPE / "7b" / "run_dapo_7b.sh"))
     assert "budget 141.0 GiB" in capsys.readouterr().err
     monkeypatch.setenv("GPU_MEMORY_GIB", "lots")
     with pytest.raises(RecipeConfigError, match="GPU_MEMORY_GIB='lots' is not a positive number"):
-        check_memory_plan(dapo_7b)
+        check_memory_plan(validated(RECIPE / "7b" / "run_dapo_7b.sh"))
 
 
 def test_an_unknown_model_gets_one_line_saying_why_no_plan(dapo_7b, tmp_path, capsys):
-    cfg = cfg_with(dapo_7b, actor_rollout_ref__model__path=str(tmp_path / "no-model"))
+    cfg = validate(cfg_with(dapo_7b, actor_rollout_ref__model__path=str(tmp_path / "no-model")))
+    capsys.readouterr()  # verl's validation line
     assert check_memory_plan(cfg, budget_gib=80) is None
     err = capsys.readouterr().err
     assert err.startswith("[rpg] GPU memory plan: not computed: ") and err.count("\n") == 1
@@ -112,7 +113,7 @@ def test_an_unknown_model_gets_one_line_saying_why_no_plan(dapo_7b, tmp_path, ca
 
 
 def test_cpu_runs_get_no_plan_line(capsys):
-    cfg = validated(RECIPE / "cpu" / "run_rpg_ufkl.sh").config
+    cfg = validated(RECIPE / "cpu" / "run_rpg_ufkl.sh")
     capsys.readouterr()
     check_gpu_launch(cfg, dry_run=True, local=True)
     assert capsys.readouterr().err == ""
@@ -276,9 +277,10 @@ def test_flash_attn_is_not_needed_with_another_attention(dapo_7b):
     assert runtime_problems(sdpa, find_spec=_spec({"flash_attn"}), node=_node(), torch_cuda="13.0") == []
 
 
-def test_a_local_launch_refuses_what_a_dry_run_warns_about(dapo_7b, monkeypatch, capsys):
+def test_a_local_launch_refuses_what_a_dry_run_warns_about(monkeypatch, capsys):
     from rpg.preflight import gpu
 
+    dapo_7b = validated(RECIPE / "7b" / "run_dapo_7b.sh")
     monkeypatch.setattr(gpu.importlib.util, "find_spec", _spec({"vllm", "flash_attn"}))
     monkeypatch.setattr(gpu, "probe", lambda what: _node(2))
     monkeypatch.setattr(gpu, "torch_cuda_version", lambda: "13.0")

@@ -120,13 +120,15 @@ def test_topk_options_without_topk_and_on_verl_losses_are_refused():
 
 
 def test_the_dry_run_summary_names_the_estimator_and_the_supports_size(base):
+    from rpg.launch import validate
     from rpg.preflight.summary import summary_lines
 
     cfg = cfg_with(base, TOPK | FROZEN | {PL + "kl_topk": 16, PL + "loss_mode": "rpg_fkl", "data.train_batch_size": 4,
                                           "actor_rollout_ref.rollout.n": 2, "data.max_prompt_length": 100,
-                                          "data.max_response_length": 28})  # fmt: skip
-    line = [x for x in summary_lines(cfg, []) if x.startswith("# KL")]
+                                          "data.max_response_length": 28,
+                                          "reward.reward_kwargs.overlong_buffer_cfg.len": 7})  # fmt: skip
+    line = [x for x in summary_lines(validate(cfg), []) if x.startswith("# KL")]
     gib = 8 * 16 * 4 * 2 * 128 / 2**30
     assert line == [f"# KL         top-k, k 16 (π_ref's top-k), sampled tail, forward KL; support 128 B per token: up "
                     f"to {gib:.1f} GiB per step (host, TransferQueue)"]
-    assert not [x for x in summary_lines(base, []) if x.startswith("# KL")]  # the sampled estimator: no line
+    assert not [x for x in summary_lines(validate(base), []) if x.startswith("# KL")]  # the sampled estimator: none
