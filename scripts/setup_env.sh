@@ -123,4 +123,4 @@ if ! "$VENV/bin/python" "$ROOT/scripts/byte_compile.py" >"$VENV/.rpg-byte-compil
     "$VENV/.rpg-byte-compile.log" >&2
 fi
 echo "$want" > "$stamp"
-echo "[setup_env] $VENV done in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)" >&2
+echo "[setup_env] $VENV done in $(( $(date +%s) - start )) s, $(du -sh "$VENV/" | cut -f1)" >&2
