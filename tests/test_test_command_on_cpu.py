@@ -65,18 +65,18 @@ def test_every_module_that_starts_a_trainer_or_a_cluster_is_marked_trainer():
 
 
 def test_the_environment_is_byte_compiled():
-    """scripts/setup_env.sh byte-compiles what the test suite's processes import (scripts/byte_compile.py): where
+    """scripts/setup_env.sh byte-compiles what the test suite's processes import (rpg/tools/byte_compile.py): where
     PYTHONDONTWRITEBYTECODE is set (the development machine) nothing else would, and every process of every trainer
     start-up would compile torch, transformers and verl from source (`import verl`: twice the CPU). `--check` imports
     the same modules in a fresh process that writes nothing and names each one of site-packages whose bytecode is
     missing or stale (on an environment that was not compiled: every one, exit 1)."""
-    command = [sys.executable, str(ROOT / "scripts" / "byte_compile.py"), "--check"]
+    command = [sys.executable, "-m", "rpg.tools.byte_compile", "--check"]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     counts = re.search(r"\[byte_compile\] (\d+) of (\d+) imported modules of \S+ compiled", out.stdout)
     assert counts and int(counts.group(2)) > 1000, out.stdout[-2000:] + out.stderr[-2000:]
     assert out.returncode == 0 and counts.group(1) == counts.group(2), (
-        f"{sys.prefix} is not byte-compiled (run bash scripts/setup_env.sh), or an entry of scripts/byte_compile.py "
+        f"{sys.prefix} is not byte-compiled (run bash scripts/setup_env.sh), or an entry of rpg/tools/byte_compile.py "
         "no longer imports (its name is below)\n"
         + out.stdout[-2000:] + out.stderr[-2000:]
     )

@@ -14,7 +14,7 @@ whole of site-packages (18,784 files, 277 MB of source in .venv) pays for the tw
    worker script and of the runtime-env agent's vendored packages (`COMPILE_ALL`, recursively).
 
 Only site-packages: the repository's own modules (rpg, tests) are small and change. Run with the environment's
-python: `python scripts/byte_compile.py` (the counts go to stdout; an entry that cannot be imported is named and
+python: `python -m rpg.tools.byte_compile` (the counts go to stdout; an entry that cannot be imported is named and
 skipped). `--check` writes nothing: it imports the same modules and exits 1 naming those of site-packages whose
 bytecode is missing or stale (tests/test_test_command_on_cpu.py::test_the_environment_is_byte_compiled).
 """
@@ -143,13 +143,13 @@ def check(site: Path, imported: list[Path], failed: list[str]) -> int:
     for path in missing[:20]:
         print(f"[byte_compile]   no bytecode: {path.relative_to(site)}")
     if missing:
-        print(f"[byte_compile] fix: {sys.executable} scripts/byte_compile.py (scripts/setup_env.sh runs it)")
+        print(f"[byte_compile] fix: {sys.executable} -m rpg.tools.byte_compile (scripts/setup_env.sh runs it)")
     return 1 if missing or failed else 0
 
 
 def main(argv: list[str]) -> int:
     if argv not in ([], ["--check"]):
-        print(f"usage: python scripts/byte_compile.py [--check]; got {argv}", file=sys.stderr)
+        print(f"usage: python -m rpg.tools.byte_compile [--check]; got {argv}", file=sys.stderr)
         return 2
     site = site_packages()
     names = entries() + [name for package in IMPORT_ALL for name in submodules(package)]
