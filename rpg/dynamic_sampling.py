@@ -317,8 +317,9 @@ class BoundedReplayBufferAsync(_BoundedDraws, ReplayBufferAsync):
 
     def __init__(self, *, sampler_kwargs: Any = None, **kwargs):
         if not modes.trainer_mode_named(kwargs.get("trainer_mode")).asynchronous:
-            raise ValueError(f"{type(self).__name__} is for the asynchronous trainer modes; the sync trainer uses "
-                             "BoundedReplayBuffer")  # fmt: skip
+            raise ValueError(
+                f"{type(self).__name__} is for the asynchronous trainer modes; the sync trainer uses BoundedReplayBuffer"
+            )
         options = SamplerOptions.parse(sampler_kwargs)
         super().__init__(sampler_kwargs=sampler_kwargs, **options.buffer_kwargs(), **kwargs)
         self._bind(options)

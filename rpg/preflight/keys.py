@@ -166,19 +166,25 @@ def _bad_choice(key: str, value: str, valid: Sequence[str]) -> str:
 # The index (needs verl and Hydra): written by `python -m rpg.preflight.keys --write`, checked by a test
 # ------------------------------------------------------------------------------------------------------------------
 def _choice_fields() -> dict[str, list[str]]:
+    # deferred: the loss config imports verl's config classes, the loss table torch (the index section needs both)
     from rpg import loss_config as lc
     from rpg.kl_aggregation import APPROXIMATE_MODES, EXACT_MODES, INEXACT_MODES
     from rpg.loss_table import ADDON_BASES
 
-    p = POLICY_LOSS_PREFIX
-    return {
-        "actor_rollout_ref.actor.loss_agg_mode": [*APPROXIMATE_MODES, *EXACT_MODES, *INEXACT_MODES],
-        p + "reference": list(lc.REFERENCE_MODES), p + "kl_ratio": list(lc.KL_RATIO),
-        p + "branch_on": list(lc.BRANCH_ON), p + "kl_placement": list(lc.KL_PLACEMENT),
-        p + "kl_control": list(lc.KL_CONTROLS), p + "kl_credit": ["token", "sequence"],
-        p + "base_loss_mode": list(ADDON_BASES), p + "kl_estimator": list(lc.KL_ESTIMATORS),
-        p + "kl_topk_tail": list(lc.KL_TOPK_TAILS),
-    }  # fmt: skip
+    policy_loss = {
+        "reference": lc.REFERENCE_MODES,
+        "kl_ratio": lc.KL_RATIO,
+        "branch_on": lc.BRANCH_ON,
+        "kl_placement": lc.KL_PLACEMENT,
+        "kl_control": lc.KL_CONTROLS,
+        "kl_credit": lc.KL_CREDIT,
+        "base_loss_mode": ADDON_BASES,
+        "kl_estimator": lc.KL_ESTIMATORS,
+        "kl_topk_tail": lc.KL_TOPK_TAILS,
+    }
+    fields = {POLICY_LOSS_PREFIX + name: list(values) for name, values in policy_loss.items()}
+    aggregations = [*APPROXIMATE_MODES, *EXACT_MODES, *INEXACT_MODES]
+    return {"actor_rollout_ref.actor.loss_agg_mode": aggregations, **fields}
 
 
 def _walk(node, prefix: str, keys: set, targets: dict) -> None:
