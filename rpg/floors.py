@@ -37,7 +37,7 @@ FLOORS = (
         "runtime",
         "verl adapters: reference modes, schedule-free, top-k hook, mismatch, DAPO's filter",
         "rpg.reference.* rpg.schedule_free rpg.schedule_free_worker rpg.schedule_free_trainer rpg.topk_hook rpg.mismatch "
-        "rpg.dynamic_sampling rpg.preflight.resume_ckpt",
+        "rpg.dynamic_sampling rpg.replay_buffer rpg.preflight.resume_ckpt",
     ),
     Floor(
         "patches",
@@ -53,9 +53,9 @@ FLOORS = (
     Floor("divergences", "the divergences, the KL pieces built on them", "rpg.divergences rpg.kl_credit rpg.topk_kl"),
     Floor(
         "base",
-        "version guards, the atomic writer, reward routing, the run-mode table (pure data: the divergences' top-k tails "
+        "version guards, the atomic writer, DTensor shards, reward routing, the run-mode table (pure data: the divergences' top-k tails "
         "read it), this table",
-        "rpg.compat rpg.atomic rpg.data.* rpg.modes rpg.floors",
+        "rpg.compat rpg.atomic rpg.shards rpg.data.* rpg.modes rpg.floors",
     ),
 )
 

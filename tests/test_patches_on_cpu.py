@@ -68,6 +68,7 @@ def check_state(selection, originals) -> None:
 def originals():
     import verl  # noqa: F401  (the plugin: with no RPG_INSTALL it installs nothing)
 
+    before = [n for n in install.NAMES if install.installed(n)]  # a session fixture's (conftest.ref_log_prob_adapter)
     install.uninstall()
     for point in patches.POINTS:
         importlib.import_module(point.module)
@@ -75,6 +76,7 @@ def originals():
     assert all(not _marked(obj) for obj in state.values() if obj is not None)
     yield state
     install.uninstall()
+    install.install(before)  # the later modules of this process find what they found before
 
 
 def test_every_selection_wraps_each_point_once_and_uninstall_restores_verls_objects(originals):
