@@ -32,11 +32,12 @@ Contract (other modules and branches rely on it):
 * `install_from_environ()` is called by `rpg.verl_plugin`, the ``verl.plugins`` entry point that ``import verl`` runs
   in every process (driver, TaskRunner, workers). It installs exactly what `RPG_INSTALL` names: every guard
   (`rpg.compat`: verl version, signatures) runs before the first patch, so on an unsupported verl nothing is patched.
-* `selected(config)` is what a composed ``ppo_trainer`` config selects. The launcher (`rpg.launch`) checks it before
-  Ray starts (`check`) and, for a real launch, `export`s it: into its own environment and into the config's Ray
-  runtime environment (``ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL``), which verl's `run_ppo` passes to
-  ``ray.init``. Every Ray process then starts with it, on every node, also in a ``RAY_ADDRESS`` job (Ray merges the
-  job's and the driver's runtime environments). The dry run's printed config is the one before `export`.
+* `selected(config, settings)` is what a composed ``ppo_trainer`` config and its typed ``actor.policy_loss`` select.
+  The launcher (`rpg.launch`) checks it before Ray starts (`check`) and, for a real launch, `export`s it: into its own
+  environment and into the config's Ray runtime environment (``ray_kwargs.ray_init.runtime_env.env_vars.RPG_INSTALL``),
+  which verl's `run_ppo` passes to ``ray.init``. Every Ray process then starts with it, on every node, also in a
+  ``RAY_ADDRESS`` job (Ray merges the job's and the driver's runtime environments). The dry run's printed config is the
+  one before `export`.
 * `install(names)` installs names directly (tests, in-process tools), `uninstall(names)` removes them (verl's own
   objects back). `require(settings)`, called by the RPG losses, fails clearly when what their settings need is not
   installed in the process that runs them.
@@ -56,7 +57,6 @@ import os
 from typing import Any, Iterable, Mapping, Optional
 
 from rpg import modes, patches
-from rpg.loss_table import RPG_POLICY_LOSS_TARGETS
 
 ENV = "RPG_INSTALL"
 REF_LOG_PROB, WORKER_HOOKS, SCHEDULE_FREE = patches.REF_LOG_PROB, patches.WORKER_HOOKS, patches.SCHEDULE_FREE
@@ -107,18 +107,10 @@ def install_from_environ(environ: Mapping[str, str] = os.environ) -> tuple[str, 
     return selection
 
 
-def selected(config: Any, settings: Any = None) -> tuple[str, ...]:
+def selected(config: Any, settings: Any) -> tuple[str, ...]:
     """The names a composed ``ppo_trainer`` config selects (`NAMES` order); installs nothing. `settings`: the typed
-    ``actor.policy_loss`` the caller built from `config` (the launcher's); None: built here (validating it) if the
-    policy loss has the RPG `_target_`."""
-    from omegaconf import OmegaConf
-
+    ``actor.policy_loss`` built from `config` (the launcher's `ValidatedConfig.actor.policy_loss`)."""
     chosen = set()
-    policy_loss = OmegaConf.select(config, "actor_rollout_ref.actor.policy_loss")
-    if settings is None and policy_loss is not None and policy_loss.get("_target_") in RPG_POLICY_LOSS_TARGETS:
-        from verl.utils.config import omega_conf_to_dataclass
-
-        settings = omega_conf_to_dataclass(OmegaConf.create(OmegaConf.to_container(policy_loss, resolve=True)))
     if hasattr(settings, "needs_ref_log_prob"):  # an RPGPolicyLossConfig (verl's own PolicyLossConfig selects none)
         chosen |= set(needed(settings))
     chosen |= set(modes.trainer_mode(config).installs)  # the trainer-mode table's row (rpg/modes.py)

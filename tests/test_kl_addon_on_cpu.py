@@ -315,7 +315,7 @@ def test_base_and_credit_options_are_refused_where_they_do_nothing():
 
 def test_a_second_kl_beside_the_addon_is_refused_before_launch():
     """verl's KL loss with a non-zero coefficient or its in-reward KL next to the add-on; the base's clip fields."""
-    from rpg.launch import RecipeConfigError, compose_config, validate_rpg
+    from rpg.launch import RecipeConfigError, compose_and_validate
 
     pl = "actor_rollout_ref.actor.policy_loss."
     good = [
@@ -323,7 +323,7 @@ def test_a_second_kl_beside_the_addon_is_refused_before_launch():
         f"{pl}loss_mode=rpg_kl_urkl", f"+{pl}base_loss_mode=gspo", f"+{pl}kl_credit=sequence",
         "actor_rollout_ref.actor.clip_ratio_low=0.0003", "actor_rollout_ref.actor.clip_ratio_high=0.0004",
     ]  # fmt: skip
-    assert validate_rpg(compose_config(good)).base_loss_mode == "gspo"
+    assert compose_and_validate(good).rpg.base_loss_mode == "gspo"
     bad = {
         "kl_loss_coef=0.001": ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001"],
         "use_kl_in_reward=True": ["algorithm.use_kl_in_reward=True"],
@@ -331,7 +331,7 @@ def test_a_second_kl_beside_the_addon_is_refused_before_launch():
     }
     for needle, extra in bad.items():
         with pytest.raises(RecipeConfigError, match=needle.replace(".", r"\.")):
-            validate_rpg(compose_config(good + extra))
+            compose_and_validate(good + extra)
 
 
 def test_extreme_ratios_and_long_responses_stay_finite():

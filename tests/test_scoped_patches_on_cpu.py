@@ -303,17 +303,23 @@ BASE = ["algorithm.adv_estimator=rpg", "actor_rollout_ref.actor.policy_loss._tar
 
 
 PL = "actor_rollout_ref.actor.policy_loss."
+REF = ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0"]  # verl's reference model
+SCHEDULE_FREE = [
+    "trainer.v1.trainer_mode=schedule_free_sync",
+    "actor_rollout_ref.actor.optim.optimizer_impl=schedulefree",
+    "actor_rollout_ref.actor.optim.optimizer=AdamWScheduleFree",
+]
 SELECTS = {
     "iterative": ([f"{PL}loss_mode=rpg_reinforce_urkl"], ()),
-    "frozen": ([f"{PL}loss_mode=rpg_urkl", f"+{PL}reference=frozen"], ("ref_log_prob",)),
-    "grpo_wk3": ([f"{PL}loss_mode=grpo_wk3"], ("ref_log_prob",)),
+    "frozen": ([f"{PL}loss_mode=rpg_urkl", f"+{PL}reference=frozen", *REF], ("ref_log_prob",)),
+    "grpo_wk3": ([f"{PL}loss_mode=grpo_wk3", *REF], ("ref_log_prob",)),
     "periodic": (
-        [f"{PL}loss_mode=rpg_ufkl", f"+{PL}reference=periodic", f"+{PL}ref_refresh_steps=4"],
+        [f"{PL}loss_mode=rpg_ufkl", f"+{PL}reference=periodic", f"+{PL}ref_refresh_steps=4", *REF],
         ("ref_log_prob", "worker_hooks"),
     ),
-    "schedule_free": ([f"{PL}loss_mode=rpg_urkl", "trainer.v1.trainer_mode=schedule_free_sync"], ("schedule_free",)),
+    "schedule_free": ([f"{PL}loss_mode=rpg_urkl", *SCHEDULE_FREE], ("schedule_free",)),
     "topk": (
-        [f"{PL}loss_mode=rpg_urkl", f"+{PL}reference=frozen", f"+{PL}kl_estimator=topk"],
+        [f"{PL}loss_mode=rpg_urkl", f"+{PL}reference=frozen", f"+{PL}kl_estimator=topk", *REF],
         ("ref_log_prob", "topk_kl"),
     ),
 }
@@ -321,10 +327,11 @@ SELECTS = {
 
 @pytest.mark.parametrize("overrides, expected", list(SELECTS.values()), ids=list(SELECTS))
 def test_the_launcher_selects_and_exports_what_the_config_needs(overrides, expected):
-    from rpg.launch import compose_config
+    from rpg.launch import compose_and_validate
 
-    config = compose_config(BASE + overrides)
-    assert install.selected(config) == expected
+    validated = compose_and_validate(BASE + overrides)  # every check; `install.selected` of the typed policy loss
+    config = validated.config
+    assert validated.install == expected
     environ: dict[str, str] = {}
     value = install.export(config, reversed(expected), environ)  # the order given does not matter
     assert environ == {install.ENV: value} and install.names(value) == expected  # what the plugin reads back

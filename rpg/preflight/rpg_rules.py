@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from rpg import modes
 from rpg.kl_aggregation import rule_kl_aggregation
 from rpg.loss_table import ADDON, LOSSES, RPG_POLICY_LOSS_TARGETS, VERL_CLIP_FIELDS, clip_fields
-from rpg.preflight.compose import RecipeConfigError, _detached
+from rpg.preflight.compose import RecipeConfigError
 from rpg.preflight.topk_rules import rule_topk_engine
 
 
@@ -37,15 +37,12 @@ def check_registered(config: DictConfig) -> None:
         )
 
 
-def _rpg_policy_loss(config: DictConfig, built: Any = None):
-    """`actor.policy_loss` as `RPGPolicyLossConfig`: `built` (the one the launcher's `build_verl_configs` built with
-    the actor) if given, else instantiated here (its __post_init__ validates every field against the loss table; it
-    changes nothing outside it: what the run needs from verl is `rpg.install`'s, checked by the launcher's
-    `validate`)."""
-    from hydra.errors import InstantiationException
-
+def _rpg_policy_loss(config: DictConfig, built: Any):
+    """`actor.policy_loss` as `RPGPolicyLossConfig`: `built`, the one the launcher's `build_verl_configs` built with
+    the actor (its __post_init__ validated every field against the loss table; it changes nothing outside it: what the
+    run needs from verl is `rpg.install`'s, checked by the launcher's `validate`), after checking the `_target_` that
+    made it one."""
     from rpg.loss_config import RPGPolicyLossConfig  # imports verl's config classes
-    from verl.utils.config import omega_conf_to_dataclass
 
     policy_loss = config.actor_rollout_ref.actor.policy_loss
     target = policy_loss.get("_target_")
@@ -55,16 +52,8 @@ def _rpg_policy_loss(config: DictConfig, built: Any = None):
             f"_target_={target!r}; add the override "
             f"actor_rollout_ref.actor.policy_loss._target_={RPG_POLICY_LOSS_TARGETS[0]}"
         )
-    if built is not None:
-        assert isinstance(built, RPGPolicyLossConfig), type(built)
-        return built
-    try:
-        settings = omega_conf_to_dataclass(_detached(policy_loss))
-    except InstantiationException as e:  # hydra wraps the config's own ValueError/RuntimeError: show that one
-        cause = e.__cause__ or e
-        raise RecipeConfigError(f"invalid RPG configuration:\n- {cause}") from e
-    assert isinstance(settings, RPGPolicyLossConfig), type(settings)
-    return settings
+    assert isinstance(built, RPGPolicyLossConfig), type(built)
+    return built
 
 
 def _rule_bypass(config: DictConfig, settings) -> Optional[str]:
@@ -197,18 +186,19 @@ RPG_RULES: tuple[Callable[[DictConfig, Any], Optional[str]], ...] = (
 )
 
 
-def validate_rpg(config: DictConfig, policy_loss: Any = None):
+def validate_rpg(config: DictConfig, policy_loss: Any):
     """Check the loss rules on a composed config; return the `RPGPolicyLossConfig` (None for verl's own losses):
-    `policy_loss`, the typed `actor.policy_loss` already built from `config` (the launcher's `ValidatedConfig`), if
-    given, else one built here.
+    `policy_loss`, the typed `actor.policy_loss` already built from `config` (the launcher's `ValidatedConfig`; its
+    field errors are `build_verl_configs`'s refusal).
 
     The loss table (`rpg.loss_table.LOSSES`, `python -m rpg.launch --list`) drives them. All violations are reported
     together:
     * `loss_mode` and `adv_estimator` are registered (the valid names are listed on error);
     * every clip field the loss reads (its table row, or verl's vanilla/gspo/cispo) is usable: ε1 ∈ (0, 1),
       ε2 > 0, c > 1 (verl itself checks c only inside the loss, at the first update);
-    * RPG loss ⇒ `policy_loss._target_` is `rpg.RPGPolicyLossConfig` and its fields are valid, including that no
-      option is set that cannot change this loss or reference mode (`rpg.loss_config.ineffective_options`);
+    * RPG loss ⇒ `policy_loss._target_` is `rpg.RPGPolicyLossConfig` (its fields, including that no option is set
+      that cannot change this loss or reference mode, `rpg.loss_config.ineffective_options`, were checked when it was
+      built);
     * RPG loss with `algorithm.rollout_correction.bypass_mode=True` ⇒ the v1 trainer (rpg.loss_config.BYPASS_ERROR) and
       no `rollout_is`/`rollout_rs` (the v1 trainer skips the correction in bypass: they would be ignored);
     * the KL add-on (`rpg_kl_<div>`) ⇒ the clip fields its `base_loss_mode` reads are usable;

@@ -92,12 +92,14 @@ def _typecheck(obj: Any, key: str) -> Any:
 
 def _rpg_refusal(build, node):
     """`build(node)`; a ValueError of the RPG options' own validation (`RPGPolicyLossConfig.__post_init__`, raised
-    inside Hydra's instantiate) becomes the project's refusal, a `RecipeConfigError` naming the config node."""
+    inside Hydra's instantiate: a field's value, an option without effect, the top-k KL's limits) becomes the project's
+    refusal, a `RecipeConfigError` naming the config node."""
     try:
         return build(node)
     except Exception as error:
         cause = error if isinstance(error, ValueError) else error.__cause__
-        if isinstance(cause, ValueError) and str(cause).startswith("RPGPolicyLossConfig"):
+        # its own message names it, or Hydra's does ("Error in call to target 'rpg.loss_config.RPGPolicyLossConfig'")
+        if isinstance(cause, ValueError) and "RPGPolicyLossConfig" in str(error):
             raise RecipeConfigError(f"actor_rollout_ref.actor.policy_loss: {cause}") from error
         raise
 

@@ -69,12 +69,30 @@ def cfg_with(base, updates: dict | None = None, **keyword_updates):
     return cfg
 
 
-def refused(cfg) -> str:
-    """The message with which `rpg.launch.validate_rpg` refuses `cfg` (fails the test if it does not)."""
+def as_launched(check, cfg, typed_from=None):
+    """`check(cfg, policy_loss)` (`rpg.launch.validate_rpg`) with the typed `actor.policy_loss` built exactly as the
+    launcher's `rpg.launch.validate` builds it: `build_verl_configs(cfg).actor.policy_loss`, after verl's own checks,
+    so a field `RPGPolicyLossConfig` refuses is `build_verl_configs`'s RecipeConfigError, as in a launch. For the tests
+    of one function's rules; a test of the whole validation calls `rpg.launch.compose_and_validate`.
+
+    `typed_from`: the config to build it from instead of `cfg`, one with the same `actor.policy_loss`, for a rule of a
+    setting that verl's own checks refuse first on this machine (a LoRA rank needs vLLM ≥ 0.18, a model folder its
+    tokenizer): there the launcher reaches the rule on a machine that has them."""
+    from rpg.launch import build_verl_configs
+
+    typed = build_verl_configs(cfg if typed_from is None else typed_from).actor.policy_loss
+    if typed_from is not None:
+        assert typed_from.actor_rollout_ref.actor.policy_loss == cfg.actor_rollout_ref.actor.policy_loss
+    return check(cfg, typed)
+
+
+def refused(cfg, typed_from=None) -> str:
+    """The message with which `rpg.launch.validate_rpg`, called as the launcher calls it (`as_launched`), refuses `cfg`
+    (fails the test if it does not)."""
     import pytest
 
     from rpg.launch import RecipeConfigError, validate_rpg
 
     with pytest.raises(RecipeConfigError) as info:
-        validate_rpg(cfg)
+        as_launched(validate_rpg, cfg, typed_from)
     return str(info.value)

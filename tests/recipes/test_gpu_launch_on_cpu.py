@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from recipe_helpers import RECIPE, SCRIPTS_4B, SCRIPTS_7B, cfg_with, overrides, run_script, validated
+from recipe_helpers import RECIPE, SCRIPTS_4B, SCRIPTS_7B, as_launched, cfg_with, overrides, run_script, validated
 
 from rpg.launch import RecipeConfigError, validate, validate_recipe
 from rpg.preflight.gpu import check_gpu_launch, check_memory_plan
@@ -304,7 +304,7 @@ def test_several_nodes_that_save_check_the_checkpoint_folder(rpg_4b, monkeypatch
     periodic = cfg_with(rpg_4b, **PERIODIC, actor_rollout_ref__actor__policy_loss__ref_refresh_steps=64)
     assert not needs_check(periodic)  # one node
     two_nodes = cfg_with(periodic, trainer__nnodes=2)
-    validate_rpg(two_nodes)  # no rule of its own any more
+    as_launched(validate_rpg, two_nodes)  # no rule of its own any more
     assert needs_check(two_nodes) and needs_check(cfg_with(rpg_4b, trainer__nnodes=2))
     assert not needs_check(cfg_with(two_nodes, trainer__save_freq=-1))  # nothing saved
     assert needs_check(cfg_with(two_nodes, trainer__save_freq=-1, trainer__resume_mode="resume_path"))

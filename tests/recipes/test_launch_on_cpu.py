@@ -9,7 +9,7 @@ import pytest
 from hydra.errors import ConfigCompositionException, InstantiationException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import ConfigKeyError
-from recipe_helpers import cfg_with
+from recipe_helpers import as_launched, cfg_with
 
 from rpg.loss_config import BYPASS_ERROR, RPGPolicyLossConfig
 from rpg.launch import (
@@ -49,14 +49,14 @@ PL = ACTOR + "policy_loss__"
 
 
 def test_rpg_config_is_returned(base):
-    settings = validate_rpg(base)
+    settings = as_launched(validate_rpg, base)
     assert isinstance(settings, RPGPolicyLossConfig)
     assert (settings.loss_mode, settings.kl_coef, settings.reference) == ("rpg_reinforce_urkl", 1e-4, "iterative")
 
 
 def test_both_target_spellings_are_accepted(base):
     cfg = cfg_with(base, **{PL + "_target_": "rpg.loss_config.RPGPolicyLossConfig"})
-    assert isinstance(validate_rpg(cfg), RPGPolicyLossConfig)
+    assert isinstance(as_launched(validate_rpg, cfg), RPGPolicyLossConfig)
 
 
 @pytest.mark.parametrize("loss, adv", [("vanilla", "grpo"), ("vanilla", "reinforce_plus_plus"), ("gspo", "grpo")])
@@ -65,13 +65,13 @@ def test_non_rpg_losses_need_no_rpg_config(base, loss, adv):
     cfg.algorithm.adv_estimator = adv
     with open_dict(cfg):  # a plain PolicyLossConfig has no RPG fields
         del cfg.actor_rollout_ref.actor.policy_loss["kl_coef"], cfg.actor_rollout_ref.actor.policy_loss["reference"]
-    assert validate_rpg(cfg) is None
+    assert as_launched(validate_rpg, cfg) is None
 
 
 def test_unregistered_loss_lists_valid_names(base):
     cfg = cfg_with(base, **{PL + "loss_mode": "rpg_reinforce_kl"})
     with pytest.raises(RecipeConfigError, match="not a registered policy loss") as info:
-        validate_rpg(cfg)
+        as_launched(validate_rpg, cfg)
     for name in ("rpg_reinforce_urkl", "rpg_ufkl", "rpg_reinforce_hardclip_rkl", "grpo_wk3", "vanilla"):
         assert name in str(info.value)
 
@@ -79,14 +79,18 @@ def test_unregistered_loss_lists_valid_names(base):
 def test_unregistered_estimator_lists_valid_names(base):
     cfg = cfg_with(base, algorithm__adv_estimator="rpg_group")
     with pytest.raises(RecipeConfigError, match="algorithm.adv_estimator='rpg_group'") as info:
-        validate_rpg(cfg)
+        as_launched(validate_rpg, cfg)
     assert "rpg_batchmean" in str(info.value) and "grpo" in str(info.value)
 
 
 def test_rpg_loss_needs_rpg_policy_loss_target(base):
+    """An RPG loss_mode with verl's own target (the override forgotten) and no RPG field set: verl builds its
+    PolicyLossConfig, and the rule names the missing override. (With an RPG field set, verl's build refuses first.)"""
     cfg = cfg_with(base, **{PL + "_target_": "verl.workers.config.PolicyLossConfig"})
+    with open_dict(cfg):  # the fields verl's PolicyLossConfig does not have
+        del cfg.actor_rollout_ref.actor.policy_loss["kl_coef"], cfg.actor_rollout_ref.actor.policy_loss["reference"]
     with pytest.raises(RecipeConfigError, match=r"policy_loss._target_=rpg.RPGPolicyLossConfig"):
-        validate_rpg(cfg)
+        as_launched(validate_rpg, cfg)
 
 
 @pytest.mark.parametrize(
@@ -96,14 +100,14 @@ def test_rpg_loss_needs_rpg_policy_loss_target(base):
 def test_invalid_rpg_values_fail(base, key, value, needle):
     cfg = cfg_with(base, **{PL + key: value})
     with pytest.raises(RecipeConfigError) as info:
-        validate_rpg(cfg)
+        as_launched(validate_rpg, cfg)
     assert needle in f"{info.value} {info.value.__cause__!r}"
 
 
 def test_bypass_mode_is_refused_in_the_legacy_trainer(base):
     cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True, trainer__use_v1=False)
     with pytest.raises(RecipeConfigError) as info:
-        validate_rpg(cfg)
+        as_launched(validate_rpg, cfg)
     assert BYPASS_ERROR in str(info.value)
     assert "trainer.use_v1=False" in str(info.value)
 
@@ -112,7 +116,7 @@ def test_bypass_mode_is_accepted_in_the_v1_trainer(base):
     """The v1 trainer copies the rollout's log-probs into old_log_probs and leaves loss_mode alone
     (docs/async.md#bypass): the RPG loss runs with π_old := μ."""
     cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True, trainer__use_v1=True)
-    assert isinstance(validate_rpg(cfg), RPGPolicyLossConfig)
+    assert isinstance(as_launched(validate_rpg, cfg), RPGPolicyLossConfig)
 
 
 @pytest.mark.parametrize("key, value", [("rollout_is", "token"), ("rollout_rs", "token_k1")])
@@ -121,21 +125,22 @@ def test_bypass_mode_with_rollout_correction_is_refused(base, key, value):
     cfg = cfg_with(base, algorithm__rollout_correction__bypass_mode=True,
                    **{f"algorithm__rollout_correction__{key}": value})
     with pytest.raises(RecipeConfigError, match=f"rollout_correction.{key}={value!r}.*silently ignored"):
-        validate_rpg(cfg)
+        as_launched(validate_rpg, cfg)
 
 
 def test_kl_in_reward_is_refused(base):
     cfg = cfg_with(base, algorithm__use_kl_in_reward=True)
     with pytest.raises(RecipeConfigError, match="use_kl_in_reward=True cannot be combined with an RPG loss"):
-        validate_rpg(cfg)
+        as_launched(validate_rpg, cfg)
 
 
 def test_iterative_reference_refuses_a_second_kl(base):
     cfg = cfg_with(base, **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 1e-3})
     with pytest.raises(RecipeConfigError, match="on top of the RPG KL"):
-        validate_rpg(cfg)
+        as_launched(validate_rpg, cfg)
     # a reference model that adds nothing is allowed (wasteful, not wrong)
-    assert validate_rpg(cfg_with(base, **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0})) is not None
+    no_second_kl = cfg_with(base, **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0})
+    assert as_launched(validate_rpg, no_second_kl) is not None
 
 
 @pytest.mark.parametrize(
@@ -149,10 +154,11 @@ def test_iterative_reference_refuses_a_second_kl(base):
 )
 def test_reference_model_modes_need_use_kl_loss_with_zero_coef(base, updates):
     with pytest.raises(RecipeConfigError, match="needs verl's reference model"):
-        validate_rpg(cfg_with(base, **updates))  # use_kl_loss=False
+        as_launched(validate_rpg, cfg_with(base, **updates))  # use_kl_loss=False
+    with_kl_loss = cfg_with(base, **updates, **{ACTOR + "use_kl_loss": True})
     with pytest.raises(RecipeConfigError, match="needs verl's reference model"):
-        validate_rpg(cfg_with(base, **updates, **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 1e-3}))
-    ok = validate_rpg(cfg_with(base, **updates, **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0}))
+        as_launched(validate_rpg, cfg_with(with_kl_loss, **{ACTOR + "kl_loss_coef": 1e-3}))
+    ok = as_launched(validate_rpg, cfg_with(with_kl_loss, **{ACTOR + "kl_loss_coef": 0.0}))
     assert isinstance(ok, RPGPolicyLossConfig)
 
 
@@ -165,7 +171,7 @@ def test_all_violations_are_reported_together(base):
         **{ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 1e-3},
     )
     with pytest.raises(RecipeConfigError) as info:
-        validate_rpg(cfg)
+        as_launched(validate_rpg, cfg)
     assert str(info.value).count("\n- ") == 3
 
 
@@ -330,8 +336,9 @@ def test_separate_async_needs_the_rollout_pool_and_a_checkpoint_engine(base):
 
 def test_periodic_reference_with_separate_async_is_refused(base):
     with pytest.raises(RecipeConfigError, match=r"reference=periodic with trainer.v1.trainer_mode=separate_async"):
-        validate_rpg(cfg_with(base, **PERIODIC, **SEPARATE_READY))
-    ok = validate_rpg(cfg_with(base, **PERIODIC, trainer__v1__trainer_mode="colocate_async"))  # measured working
+        as_launched(validate_rpg, cfg_with(base, **PERIODIC, **SEPARATE_READY))
+    colocate_async = cfg_with(base, **PERIODIC, trainer__v1__trainer_mode="colocate_async")
+    ok = as_launched(validate_rpg, colocate_async)  # measured working
     assert ok.reference == "periodic"
 
 

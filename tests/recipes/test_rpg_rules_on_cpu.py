@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from recipe_helpers import RECIPE, cfg_with, overrides, refused
+from recipe_helpers import RECIPE, as_launched, cfg_with, overrides, refused
 
 from rpg.launch import RecipeConfigError, compose_config, validate_rpg
 
@@ -64,7 +64,7 @@ def test_hardclip_checks_its_ratio_clip(base, field, value):
 def test_hardclip_does_not_read_c(base):
     """The hard-clip loss has no dual clip: c is never read, so verl's own default (or any value) is fine."""
     cfg = cfg_with(base, {PL + "loss_mode": "rpg_reinforce_hardclip_rkl", ACTOR + "clip_ratio_c": 1.0})
-    assert validate_rpg(cfg).loss_mode == "rpg_reinforce_hardclip_rkl"
+    assert as_launched(validate_rpg, cfg).loss_mode == "rpg_reinforce_hardclip_rkl"
 
 
 def test_clip_ratio_is_the_fallback_of_low_and_high(base):
@@ -73,7 +73,8 @@ def test_clip_ratio_is_the_fallback_of_low_and_high(base):
 
 
 def test_good_clip_settings_pass(base):
-    assert validate_rpg(cfg_with(base, {ACTOR + "clip_ratio_low": 0.1, ACTOR + "clip_ratio_high": 5.0})) is not None
+    cfg = cfg_with(base, {ACTOR + "clip_ratio_low": 0.1, ACTOR + "clip_ratio_high": 5.0})
+    assert as_launched(validate_rpg, cfg) is not None
 
 
 def test_dry_run_refuses_a_bad_c(monkeypatch, capsys, tmp_path):
@@ -117,7 +118,7 @@ def test_options_without_effect_are_refused(base, loss, options, name):
     if loss == "grpo_wk3" or options.get("reference") == "frozen":
         updates.update({ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0})
     with pytest.raises(RecipeConfigError) as info:
-        validate_rpg(cfg_with(base, updates))
+        as_launched(validate_rpg, cfg_with(base, updates))
     message = f"{info.value} {info.value.__cause__!r}"
     assert f"{name}=" in message and "no effect" in message and loss in message
 
@@ -136,7 +137,7 @@ def test_options_with_effect_and_defaults_pass(base, loss, options):
     updates = {PL + "loss_mode": loss} | {PL + k: v for k, v in options.items()}
     if loss == "grpo_wk3" or "reference" in options:
         updates.update({ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0})
-    assert validate_rpg(cfg_with(base, updates)).loss_mode == loss
+    assert as_launched(validate_rpg, cfg_with(base, updates)).loss_mode == loss
     # every option at its default is fine for every loss (the recipes pass some of them explicitly)
     defaults = {PL + k: v for k, v in dict(kl_clamp=None, branch_on="effective_advantage", kl_ratio="clipped",
                                               kl_placement="additive", ref_refresh_steps=0, ref_refresh_kl=0.0,
@@ -144,7 +145,7 @@ def test_options_with_effect_and_defaults_pass(base, loss, options):
     updates = {PL + "loss_mode": loss} | defaults
     if loss == "grpo_wk3":
         updates.update({ACTOR + "use_kl_loss": True, ACTOR + "kl_loss_coef": 0.0})
-    assert validate_rpg(cfg_with(base, updates)).loss_mode == loss
+    assert as_launched(validate_rpg, cfg_with(base, updates)).loss_mode == loss
 
 
 def test_verl_losses_with_the_rpg_config_accept_only_the_periodic_reference():
