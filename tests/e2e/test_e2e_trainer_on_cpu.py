@@ -37,6 +37,9 @@ Checks:
   except wall-clock timings, throughput and memory: validation accuracy, rewards, losses, gradient norms, the RPG KL
   and the DAPO counts. What makes this hold is documented in rpg/cpu/hf_rollout.py (per-request seeds) and
   rpg/cpu/sampler.py (batches independent of completion timing);
+* the demo's numbers have not moved (tests/e2e/demo_guard.py): step 0's validation accuracy and the first two steps'
+  reward, loss and KL equal the values recorded for this machine's tiny-model build (skipped, saying so, for a build
+  with no record);
 * a job that fails is reported as failed: a third trainer, submitted to the cluster on data with no signal at all
   (every ground truth unreachable), stops within dynamic sampling's first 3 rounds with the message naming the likely
   causes, before any step; the script exits non-zero, the job is FAILED in `ray job status`, and the message is in
@@ -58,6 +61,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+import demo_guard
 from cpu_trainer import assert_hf_export_is_x, check_steps, finite, run_cpu_recipe, start_cpu_recipe, training_steps
 
 from rpg.dynamic_sampling import BOUND_KEY, NO_SIGNAL_KEY
@@ -159,6 +163,20 @@ def test_train_validate_checkpoint(runs):
     assert val and all(finite(v) and 0.0 <= v <= 1.0 for v in val.values()), f"validation metrics: {val}"
     assert (runs["ckpt"] / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (runs["ckpt"] / "global_step_2" / "actor").is_dir()
+
+
+def test_the_demos_numbers_have_not_moved(runs, tiny_dir):
+    """The guard of the README's demo numbers (tests/e2e/demo_guard.py): this run's step-0 validation accuracy and
+    its first two steps' reward, loss and KL equal the values recorded for this tiny model's build."""
+    build, got = demo_guard.build_id(tiny_dir), demo_guard.first_steps(runs["first"])
+    if demo_guard.wants_recording():
+        demo_guard.record(build, got)
+    expected = demo_guard.recorded().get(build)
+    if expected is None:
+        pytest.skip(f"no record of the demo's numbers for this tiny model build ({build}: another processor builds "
+                    f"another model, docs/cpu.md#demo-results); to record: {demo_guard.RECORD_ENV}=1, got {got}")
+    problems = demo_guard.moved(expected, got)
+    assert not problems, demo_guard.MOVED + ":\n" + "\n".join(problems)
 
 
 def test_schedule_free_pushes_y_and_x_and_exports_x(runs):
