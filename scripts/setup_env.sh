@@ -123,4 +123,4 @@ if ! "$VENV/bin/python" -m rpg.tools.byte_compile >"$VENV/.rpg-byte-compile.log"
     "$VENV/.rpg-byte-compile.log" >&2
 fi
 echo "$want" > "$stamp"
-echo "[setup_env] $VENV done in $(( $(date +%s) - start )) s, $(du -sh "$VENV/" | cut -f1)" >&2
+echo "[setup_env] $VENV done in $(( $(date +%s) - start )) s (this call; byte-compiled), $(du -sh "$VENV/" | cut -f1)" >&2
