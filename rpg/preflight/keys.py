@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from rpg import modes
 from rpg.atomic import atomic_write_text
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
@@ -184,7 +185,8 @@ def _choice_fields() -> dict[str, list[str]]:
     }
     fields = {POLICY_LOSS_PREFIX + name: list(values) for name, values in policy_loss.items()}
     aggregations = [*APPROXIMATE_MODES, *EXACT_MODES, *INEXACT_MODES]
-    return {"actor_rollout_ref.actor.loss_agg_mode": aggregations, **fields}
+    trainer_modes = list(modes.TRAINER_MODES)  # the trainer-mode table's rows (verl's and rpg's schedule_free_sync)
+    return {"actor_rollout_ref.actor.loss_agg_mode": aggregations, **fields, "trainer.v1.trainer_mode": trainer_modes}
 
 
 def _walk(node, prefix: str, keys: set, targets: dict) -> None:

@@ -51,6 +51,7 @@ CASES = [
     ("actor_rollout_ref.actor.loss_agg_mode=token-meen", ["did you mean token-mean", "valid: token-mean, token-sum"]),
     ("actor_rollout_ref.actor.policy_loss.reference=emaa", ["did you mean ema", "valid: iterative, frozen"]),
     ("+actor_rollout_ref.actor.policy_loss.kl_credit=seq", ["valid: token, sequence"]),
+    ("trainer.v1.trainer_mode=colocate_asink", ["did you mean colocate_async", "valid: sync, colocate_async"]),
 ]
 
 
