@@ -100,7 +100,9 @@ def _rpg_refusal(build, node):
         cause = error if isinstance(error, ValueError) else error.__cause__
         # its own message names it, or Hydra's does ("Error in call to target 'rpg.loss_config.RPGPolicyLossConfig'")
         if isinstance(cause, ValueError) and "RPGPolicyLossConfig" in str(error):
-            raise RecipeConfigError(f"actor_rollout_ref.actor.policy_loss: {cause}") from error
+            node_name = "actor_rollout_ref.actor.policy_loss"
+            said = str(cause)  # named once: many of the options' messages start with the node already
+            raise RecipeConfigError(said if said.startswith(node_name) else f"{node_name}: {said}") from error
         raise
 
 

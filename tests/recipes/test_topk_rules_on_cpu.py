@@ -137,3 +137,11 @@ def test_the_dry_run_summary_names_the_estimator_and_the_supports_size(base):
     assert line == [f"# KL         top-k, k 16 (π_ref's top-k), sampled tail, forward KL; support 128 B per token: up "
                     f"to {gib:.1f} GiB per step (host, TransferQueue)"]
     assert not [x for x in summary_lines(validate(base), []) if x.startswith("# KL")]  # the sampled estimator: none
+
+
+def test_a_refusal_of_the_options_names_the_node_once(base):
+    """RPGPolicyLossConfig's own refusals reach the launcher as its error, the config node named once (its messages
+    mostly start with the node already: no 'actor_rollout_ref.actor.policy_loss: actor_rollout_ref.actor...')."""
+    message = refused(cfg_with(base, {PL + "loss_mode": "rpg_reinforce_urkl", **TOPK}))
+    assert message.startswith(PL + "branch_on='effective_advantage' cannot run with kl_estimator='topk'"), message
+    assert message.count("actor_rollout_ref.actor.policy_loss") == message.count(PL + "branch_on"), message
