@@ -54,8 +54,8 @@ FLOORS = (
     Floor(
         "base",
         "version guards, the atomic writer, DTensor shards, reward routing, the run-mode table (pure data: the divergences' top-k tails "
-        "read it), this table",
-        "rpg.compat rpg.atomic rpg.shards rpg.data.* rpg.modes rpg.floors",
+        "read it), verl's LoRA settings (the launcher's checks and the worker's LoRA reference read them), this table",
+        "rpg.compat rpg.atomic rpg.shards rpg.data.* rpg.modes rpg.preflight.lora_config rpg.floors",
     ),
 )
 
