@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from pathlib import Path
 
 import pytest
-from recipe_helpers import cfg_with
+from recipe_helpers import RECIPE, cfg_with, run_script
 
 from rpg.launch import RecipeConfigError, build_verl_configs, compose_config, validate
 from rpg.preflight import doctor, lora_rules
@@ -129,9 +128,18 @@ def test_the_doctor_warns_about_lora_with_separate_async(base, monkeypatch):
     assert line.status == "WARN" and "#7495" in line.detail and "colocate_async" in line.fix
     assert doctor.lora_async_line(cfg_with(base, SEPARATE)) is None
     assert doctor.lora_async_line(cfg_with(base, {MODEL + "lora_rank": 32})) is None
-    script = Path(__file__).resolve().parents[2] / "recipe/rpg/4b/run_dapo_2k.sh"
+    script = RECIPE / "4b" / "run_dapo_2k.sh"
     monkeypatch.setattr(doctor, "recipe_composed",
                         lambda s, env: cfg_with(base, {**SEPARATE, MODEL + "lora_rank": 32}))
     lines = doctor.recipe_lines(script, {}, None)
     assert [(line.status, line.name) for line in lines] == [("WARN", "lora async"), ("FAIL", "4b/run_dapo_2k.sh")]
     assert "invalid LoRA configuration" in lines[1].detail
+
+
+def test_a_lora_dry_run_of_a_frozen_reference_recipe_ends_without_a_traceback():
+    """The issue's laptop case, end to end through bash (no vLLM here): before, verl's validate_config ended in vLLM's
+    import error; the one-GPU recipes (recipe/rpg/1gpu/) dry-run in-process in test_dry_run_on_cpu.py."""
+    script = RECIPE / "4b/run_rpg_reinforce_ufkl_4k_beta1e-3_noiterref.sh"
+    proc = run_script(script, "actor_rollout_ref.model.lora_rank=32", RPG_DRY_RUN="summary", PYTHON=".venv/bin/python")
+    assert "Traceback" not in proc.stderr and "vllm version None" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0 and "# lora       rank 32" in proc.stdout, proc.stderr[-2000:]
