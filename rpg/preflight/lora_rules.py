@@ -103,7 +103,9 @@ def separate_async_problem(config: Any) -> Optional[str]:
     mode, lora = modes.trainer_mode(config), lora_settings(config)
     if not (lora.enabled and mode.detached_actor):
         return None
-    return (f"{lora.rank_setting}={lora.rank} (LoRA) with {modes.TRAINER_MODE_KEY}={mode.name} (recipe knob "
+    what = (f"{lora.rank_setting}={lora.rank}" if lora.rank > 0
+            else f"actor_rollout_ref.model.lora_adapter_path={lora.adapter_path}")
+    return (f"{what} (LoRA) with {modes.TRAINER_MODE_KEY}={mode.name} (recipe knob "
             f"TRAINER_MODE): verl's disaggregated weight sync does not carry the adapter to the rollout, which then "
             f"samples the initial policy for the whole run, silently (verl issue #7495, {VERL_ISSUE_LORA_ASYNC}). "
             f"Fix: TRAINER_MODE=colocate_async or sync, or full-weight training (lora_rank=0)")

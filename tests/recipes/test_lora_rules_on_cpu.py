@@ -113,6 +113,7 @@ def test_lora_with_separate_async_is_refused_with_the_verl_issue(base, lora):
     said = str(e.value)
     assert "trainer.v1.trainer_mode=separate_async" in said and "#7495" in said and "initial policy" in said
     assert "Fix: TRAINER_MODE=colocate_async or sync" in said
+    assert ("lora_adapter_path=/some/adapter (LoRA)" in said) == (MODEL + "lora_adapter_path" in lora)
 
 
 def test_separate_async_without_lora_and_lora_with_other_trainers_are_not_this_rules(base):
