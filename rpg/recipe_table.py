@@ -1,6 +1,6 @@
-"""The recipe table: every experiment script of recipe/rpg/ (the Qwen3-4B set, the authors' 7B matrix, the CPU runs),
-one row each, the one place they are written. `python -m rpg.tools.recipes --write` generates the scripts from it;
-tests/recipes/test_recipe_table_on_cpu.py fails when a script drifts from its row.
+"""The recipe table: every experiment script of recipe/rpg/ (the Qwen3-4B set, its one-GPU LoRA variants, the authors'
+7B matrix, the CPU runs), one row each, the one place they are written. `python -m rpg.tools.recipes --write`
+generates the scripts from it; tests/recipes/test_recipe_table_on_cpu.py fails when a script drifts from its row.
 
 A row is the script's path under recipe/rpg/, its comment (what it runs and where the paper reports it) and its line:
 Hydra config-group choices of rpg/config/ (setup, method, optim, profile) and the overrides the script adds. Standard
@@ -198,6 +198,52 @@ both). Not trained at this scale yet.""",
     _recipe("4b/run_rpg_urkl_8k.sh", """\
 RPG-URKL — Qwen3-4B, 8K context. Paper: Table 3, Fig. 4, row "RPG-URKL".""",
            "setup=qwen3_4b_8k", *rpg("rpg", "urkl", "1e-4")),
+    _recipe("1gpu/run_dapo_2k_lora.sh", """\
+DAPO with LoRA on one GPU — Qwen3-4B, 2K context. Not the paper's setting: the paper's row "DAPO" (Table 6, Fig. 6;
+4b/run_dapo_2k.sh) trains every weight on 8 × H100. Same data, rewards, batch and evaluation; LoRA on every linear
+layer, rank 32, α = 32, learning rate 1e-5 = 10 × the row's 1e-6 (LoRA Without Regret, Schulman et al., Thinking
+Machines Lab, 2025; rpg/config/setup/lora_1gpu.yaml). Fits one 80 GB GPU by the memory plan (docs/gpu.md#lora).
+Projected wall time on one GPU: 225-379 hours, 9-16 days (recipe/rpg/README.md#one-gpu).""",
+           "setup=qwen3_4b_2k_lora", "method=dapo"),
+    _recipe("1gpu/run_dapo_4k_lora.sh", """\
+DAPO with LoRA on one GPU — Qwen3-4B, 4K context. Not the paper's setting: the paper's row "DAPO" (Tables 5 and 7,
+Fig. 5; 4b/run_dapo_4k.sh) trains every weight on 8 × H100. Same data, rewards, batch and evaluation; LoRA on every
+linear layer, rank 32, α = 32, learning rate 1e-5 = 10 × the row's 1e-6 (LoRA Without Regret, Schulman et al.,
+Thinking Machines Lab, 2025; rpg/config/setup/lora_1gpu.yaml). Fits one 80 GB GPU by the memory plan
+(docs/gpu.md#lora). Projected wall time on one GPU: 263-819 hours, 11-34 days, 5-19 days of it validation
+(recipe/rpg/README.md#one-gpu).""",
+           "setup=qwen3_4b_4k_lora", "method=dapo"),
+    _recipe("1gpu/run_dapo_qwen3_1_7b_2k_lora.sh", """\
+DAPO with LoRA on one GPU — Qwen3-1.7B, 2K context: the small-scale pair of
+run_rpg_reinforce_urkl_qwen3_1_7b_2k_lora.sh. Not the paper's setting: 128 prompts × 8 responses per step, 200 steps
+(rpg/config/setup/qwen3_1_7b_2k_lora.yaml says what the pair can and cannot show); LoRA on every linear layer, rank
+32, α = 32, learning rate 1e-5 (LoRA Without Regret, Schulman et al., Thinking Machines Lab, 2025). Projected cost:
+6-11 GPU-hours (recipe/rpg/README.md#one-gpu).""",
+           "setup=qwen3_1_7b_2k_lora", "method=dapo"),
+    _recipe("1gpu/run_rpg_reinforce_urkl_2k_lora.sh", """\
+RPG-REINFORCE-URKL with LoRA on one GPU — Qwen3-4B, 2K context. Not the paper's setting: the paper's row
+"RPG-REINFORCE-URKL" (Table 6, Fig. 6; 4b/run_rpg_reinforce_urkl_2k.sh) trains every weight on 8 × H100. Same data,
+rewards, β, batch and evaluation; LoRA on every linear layer, rank 32, α = 32, learning rate 1e-5 = 10 × the row's
+1e-6 (LoRA Without Regret, Schulman et al., Thinking Machines Lab, 2025; rpg/config/setup/lora_1gpu.yaml). The
+iterative reference π_old is the policy before the update, adapter included (docs/reference-modes.md#lora). Fits one
+80 GB GPU by the memory plan (docs/gpu.md#lora). Projected wall time on one GPU: 225-379 hours, 9-16 days
+(recipe/rpg/README.md#one-gpu).""",
+           "setup=qwen3_4b_2k_lora", *rpg("rpg_reinforce", "urkl", "1e-4")),
+    _recipe("1gpu/run_rpg_reinforce_urkl_4k_lora.sh", """\
+RPG-REINFORCE-URKL with LoRA on one GPU — Qwen3-4B, 4K context. Not the paper's setting: the paper's row
+"RPG-REINFORCE-URKL" (Tables 5 and 7, Fig. 5; 4b/run_rpg_reinforce_urkl_4k.sh) trains every weight on 8 × H100. Same
+data, rewards, β, batch and evaluation; LoRA on every linear layer, rank 32, α = 32, learning rate 1e-5 = 10 × the
+row's 1e-6 (LoRA Without Regret, Schulman et al., Thinking Machines Lab, 2025; rpg/config/setup/lora_1gpu.yaml).
+Fits one 80 GB GPU by the memory plan (docs/gpu.md#lora). Projected wall time on one GPU: 263-819 hours, 11-34 days,
+5-19 days of it validation (recipe/rpg/README.md#one-gpu).""",
+           "setup=qwen3_4b_4k_lora", *rpg("rpg_reinforce", "urkl", "1e-4")),
+    _recipe("1gpu/run_rpg_reinforce_urkl_qwen3_1_7b_2k_lora.sh", """\
+RPG-REINFORCE-URKL with LoRA on one GPU — Qwen3-1.7B, 2K context: the small-scale pair of
+run_dapo_qwen3_1_7b_2k_lora.sh. Not the paper's setting: 128 prompts × 8 responses per step, 200 steps
+(rpg/config/setup/qwen3_1_7b_2k_lora.yaml says what the pair can and cannot show); LoRA on every linear layer, rank
+32, α = 32, learning rate 1e-5 (LoRA Without Regret, Schulman et al., Thinking Machines Lab, 2025). Projected cost:
+6-11 GPU-hours (recipe/rpg/README.md#one-gpu).""",
+           "setup=qwen3_1_7b_2k_lora", *rpg("rpg_reinforce", "urkl", "1e-4")),
     _recipe("7b/run_dapo_7b.sh", """\
 DAPO — Qwen2.5-Math-7B, 2K context.
 The authors' script #1 (docs/differences.md#authors-scripts); not reported in the paper.""",

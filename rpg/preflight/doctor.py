@@ -8,7 +8,8 @@ CUDA/cuDNN/NCCL, `vllm._C`, `flash_attn_2_cuda` or the Hub kernel); the NVIDIA d
 supports; the GPUs and their memory as vLLM sees it (`torch.cuda.mem_get_info`'s total, a few hundred MiB under
 NVML's); the NCCL/network variables; Ray; free disk at CKPTS_DIR; the Hugging Face hub (cache, token, access); wandb
 (credentials or offline mode); and, for each RECIPE script given, the launcher's own verdicts on it: the memory plan,
-what a local launch would refuse on this node, its checkpoints' disk space, wandb.
+what a local launch would refuse on this node, its checkpoints' disk space, wandb; and a WARN for LoRA with the
+disaggregated asynchronous trainer (verl #7495: the rollout samples the initial policy; the launcher refuses it).
 
 The checks are the launcher's (`rpg.preflight.gpu`, `rpg.preflight.wandb_check`, `rpg.preflight.disk`,
 `rpg.preflight.memory`): the doctor only calls them and prints their answers. Exit status 1 when a line is FAIL.
@@ -36,7 +37,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from rpg.preflight import disk, gpu, gpu_probe, wandb_check
+from rpg.preflight import disk, gpu, gpu_probe, lora_rules, wandb_check
 from rpg.preflight.compose import RecipeConfigError, compose_config
 from rpg.preflight.validation import validate
 from rpg.preflight.gpu_probe import NodeProbe
@@ -283,26 +284,45 @@ def wandb_line(environ: Mapping[str, str], config=None) -> Line:
     return Line("FAIL", "wandb", detail, "; ".join(wandb_check.FIXES))
 
 
-def recipe_config(script: Path, environ: Mapping[str, str]):
-    """The validated config a launch of `script` would run: its printed command, composed and finished as the launcher
-    does (`rpg.preflight.compose.compose_config`), then validated (`rpg.preflight.validation.validate`: the typed
-    config the memory plan and the disk check read)."""
+def recipe_composed(script: Path, environ: Mapping[str, str]):
+    """The composed config a launch of `script` would run: its printed command, composed and finished as the launcher
+    does (`rpg.preflight.compose.compose_config`), not validated yet."""
     env = dict(environ, RPG_PRINT_ARGV="1", RPG_DRY_RUN="1")
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise ValueError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}")
     argv = json.loads(proc.stdout)["argv"]
-    return validate(compose_config(argv[3:]))
+    return compose_config(argv[3:])
+
+
+def recipe_config(script: Path, environ: Mapping[str, str]):
+    """The validated config a launch of `script` would run: `recipe_composed`, then validated
+    (`rpg.preflight.validation.validate`: the typed config the memory plan and the disk check read)."""
+    return validate(recipe_composed(script, environ))
+
+
+def lora_async_line(config) -> Optional[Line]:
+    """WARN for LoRA with the disaggregated asynchronous trainer (separate_async), where verl samples the initial
+    policy all run long (verl #7495; `rpg.preflight.lora_rules.separate_async_problem`, which the launcher refuses)."""
+    problem = lora_rules.separate_async_problem(config)
+    if problem is None:
+        return None
+    detail, _, fix = problem.partition(" Fix: ")
+    return Line("WARN", "lora async", detail, fix)
 
 
 def recipe_lines(script: Path, environ: Mapping[str, str], node: NodeProbe, said: Sequence[str] = ()) -> list[Line]:
     """The launcher's verdicts on one recipe: memory plan, this node's refusals (those not `said` by the node's lines
     already), checkpoint disk, wandb."""
     name = f"{script.parent.name}/{script.name}"
+    warned = []
     try:
-        validated = recipe_config(script, environ)
+        composed = recipe_composed(script, environ)
+        warned = [line for line in [lora_async_line(composed)] if line]
+        validated = validate(composed)
     except Exception as e:  # noqa: BLE001 - a refused knob, a bad override: the launcher's own message
-        return [Line("FAIL", name, f"does not compose: {e}", f"RPG_DRY_RUN=1 bash {script} shows the whole message")]
+        fix = f"RPG_DRY_RUN=1 bash {script} shows the whole message"
+        return warned + [Line("FAIL", name, f"does not compose: {e}", fix)]
     config, lines = validated.config, []
     if gpu.is_gpu_run(config):
         out = io.StringIO()

@@ -39,7 +39,8 @@ after each weight sync, verl/workers/engine_workers.py:827, so the update phase 
 1.5–18.7 GiB reserved above the allocated peak without it, 11.3 GiB with it at 55 GiB allocated, and the allocator
 returns cached blocks before it raises an out-of-memory error, so the plan counts allocated bytes), Ulysses
 sequence parallelism (activations are taken
-as if ``ulysses_sequence_parallel_size == 1``), LoRA, activation offload, ``use_remove_padding=False`` padding,
+as if ``ulysses_sequence_parallel_size == 1``), LoRA's activations (a LoRA run's other terms are counted:
+`lora_terms`, docs/gpu.md#lora), activation offload, ``use_remove_padding=False`` padding,
 vision towers, MoE, torch.compile's workspaces, vLLM's CUDA-graph pool beyond ``VLLM_SLEEP_REMAINDER_GIB``,
 processes other than verl's on the GPU, and the critic (RPG and the baselines have none).
 
@@ -57,7 +58,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from rpg import modes
 
@@ -87,6 +88,23 @@ def cuda_hidden_gib(budget_gib: float) -> float:
     return max(h for _, h in CUDA_HIDDEN_MIB) / 1024
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+#: peft's ``all-linear`` on a Qwen2/Qwen3 decoder: every linear layer of each decoder layer (not lm_head)
+LORA_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_modules(target_modules: Any) -> tuple[str, ...]:
+    """The linear layers a LoRA ``target_modules`` adapts: ``all-linear`` (peft's: every linear layer but the output
+    layer), or names peft matches by suffix (``q_proj``, ``model.layers.0.mlp.up_proj`` counts as every ``up_proj``).
+    ValueError naming actor_rollout_ref.model.target_modules for a name the plan does not know."""
+    names = [target_modules] if isinstance(target_modules, str) else list(target_modules or [])
+    if names == ["all-linear"]:
+        return LORA_ALL_LINEAR
+    picked = {m for name in names for m in LORA_ALL_LINEAR if str(name).split(".")[-1] == m}
+    unknown = [n for n in names if str(n).split(".")[-1] not in LORA_ALL_LINEAR]
+    if unknown or not picked:
+        raise ValueError(f"GPU memory plan: actor_rollout_ref.model.target_modules={target_modules!r}: the plan knows "
+                         f"all-linear and the linear layers {', '.join(LORA_ALL_LINEAR)}; not {unknown or names}")
+    return tuple(m for m in LORA_ALL_LINEAR if m in picked)
 
 
 @dataclass(frozen=True)
@@ -138,6 +156,33 @@ class ModelShape:
 
     def param_count(self) -> int:
         return self.num_hidden_layers * self.layer_params() + self.root_params()
+
+    def linear_dims(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of a decoder layer, by its Hugging Face name."""
+        h, i = self.hidden_size, self.intermediate_size
+        return {"q_proj": (h, self.q_dim), "k_proj": (h, self.kv_dim), "v_proj": (h, self.kv_dim),
+                "o_proj": (self.q_dim, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def lora_layer_params(self, rank: int, modules: tuple[str, ...]) -> int:
+        """LoRA parameters of one decoder layer: rank·(in + out) per adapted linear layer (A: rank × in, B: out ×
+        rank; peft adds no bias)."""
+        dims = self.linear_dims()
+        return sum(rank * (dims[name][0] + dims[name][1]) for name in modules)
+
+    def lora_params(self, rank: int, modules: tuple[str, ...]) -> int:
+        """LoRA parameters of the model (every decoder layer; embeddings and lm_head are not adapted)."""
+        return self.num_hidden_layers * self.lora_layer_params(rank, modules)
+
+    def vllm_lora_bytes(self, max_lora_rank: int, tp: int = 1, dtype_bytes: int = 2) -> float:
+        """Per GPU, vLLM's preallocated LoRA weights for one adapter slot (verl's max_loras=1) of `max_lora_rank`:
+        vLLM wraps every linear layer of each decoder layer whatever the adapter targets; a column-parallel layer
+        (q, k, v, gate, up) keeps A (rank × in) whole and B (out × rank) split over TP, a row-parallel one (o, down)
+        A split and B whole; in the model's dtype."""
+        total = 0.0
+        for name, (fan_in, fan_out) in self.linear_dims().items():
+            row_parallel = name in ("o_proj", "down_proj")
+            total += max_lora_rank * (fan_in / tp + fan_out if row_parallel else fan_in + fan_out / tp)
+        return self.num_hidden_layers * total * dtype_bytes
 
     def kv_bytes_per_token(self, tp: int = 1, dtype_bytes: int = 2) -> float:
         """vLLM KV cache per token per GPU: K and V of every layer, KV heads split over TP (replicated below 1)."""
@@ -197,6 +242,10 @@ class Settings:
     max_num_batched_tokens: int = 8192  # rollout.max_num_batched_tokens: bounds those rows too
     logprobs_mode: str = "processed_logprobs"  # rollout.logprobs_mode (verl 0.9.1's default)
     topk: int = 0  # k of the top-k KL's support (policy_loss.kl_estimator=topk); 0: the sampled estimator
+    lora_rank: int = 0  # LoRA rank (actor_rollout_ref.model.lora_rank / lora.rank); 0: full-weight training
+    lora_modules: tuple[str, ...] = ()  # the adapted linear layers (`lora_modules` of target_modules)
+    vllm_lora_rank: int = 0  # vLLM's max_lora_rank verl derives (0: no adapter in vLLM: merged, or no LoRA)
+    lora_reference_copies: int = 0  # fp32 copies of the adapter the reference keeps (periodic: its snapshot)
 
     def replace(self, **kw: Any) -> "Settings":
         return dataclasses.replace(self, **kw)
@@ -219,6 +268,8 @@ class MemoryPlan:
     sampler_gib: float = 0.0  # vLLM's sampler peak (inside the pool unless counted as a rollout term)
     headroom_gib: float = HEADROOM_GIB
     cuda_hidden_gib: float = 0.0  # NVML's total less CUDA's (`cuda_hidden_gib`)
+    lora: dict = field(default_factory=dict)  # LoRA runs: term -> GiB per GPU (`lora_terms`); empty otherwise
+    lora_params: int = 0  # the adapter's parameter count
 
     @property
     def visible_gib(self) -> float:
@@ -372,18 +423,69 @@ def topk_backward_gib(tokens: int, vocab: int, compute_bytes: int = 2) -> float:
     return (tokens * vocab * compute_bytes + TOPK_BACKWARD_FP32_CHUNKS * chunk * vocab * 4) / GIB
 
 
+class LoraTerms(NamedTuple):
+    """A LoRA run's own terms, GiB per GPU (`lora_terms`)."""
+
+    base: float  # the frozen base, in fsdp_config.model_dtype, sharded
+    adapter: float  # the adapter, in the same dtype, sharded
+    grads: float  # the adapter's gradients
+    states: float  # the adapter's optimizer states (fp32)
+    reference: float  # the reference adapter snapshot (fp32; the modes that write the reference)
+    vllm: float  # vLLM's preallocated LoRA weights (inside its pool)
+
+    def labelled(self, s: Settings) -> dict[str, float]:
+        """The terms by name, as the dry-run summary and docs/gpu.md#lora show them."""
+        dtype = next(k for k, v in DTYPE_BYTES.items() if v == s.param_bytes)
+        vllm = (f"vLLM LoRA buffers (max_loras 1, max_lora_rank {s.vllm_lora_rank}, inside its pool)"
+                if s.vllm_lora_rank else "vLLM LoRA buffers (none: lora.merge=True or no vLLM rollout)")
+        return {f"frozen base ({dtype}; no grads, no optimizer states)": self.base, f"adapter ({dtype})": self.adapter,
+                "adapter grads": self.grads, f"adapter optimizer states ({s.optimizer_states} fp32)": self.states,
+                "reference adapter snapshot (fp32)": self.reference, vllm: self.vllm}
+
+
+def lora_terms(m: ModelShape, s: Settings) -> Optional[LoraTerms]:
+    """A LoRA run's own terms, GiB per GPU (docs/gpu.md#lora); None for full-weight training. verl's FSDP engine
+    loads the base in ``fsdp_config.model_dtype`` and casts the adapter to it (fp32 by default), shards both over the
+    GPUs, and trains only the adapter: gradients and optimizer states of the adapter alone. The reference has no
+    engine of its own (verl's ``ref_in_actor``: the actor with its adapter disabled); a mode that writes the reference
+    (periodic) keeps one fp32 snapshot of the adapter, sharded the same way. vLLM preallocates LoRA weights of
+    ``max_lora_rank`` for one adapter (verl's ``max_loras=1``) inside its pool, none when the adapter is merged."""
+    if not s.lora_rank:
+        return None
+    dp = max(s.n_gpus, 1)
+    adapter = m.lora_params(s.lora_rank, s.lora_modules)
+    return LoraTerms(base=m.param_count() * s.param_bytes / dp / GIB, adapter=adapter * s.param_bytes / dp / GIB,
+                     grads=adapter * s.param_bytes / dp / GIB, states=s.optimizer_states * adapter * 4 / dp / GIB,
+                     reference=s.lora_reference_copies * adapter * 4 / dp / GIB,
+                     vllm=m.vllm_lora_bytes(s.vllm_lora_rank, s.rollout_tp, s.compute_bytes) / GIB)
+
+
+def _lora_unsharded(m: ModelShape, s: Settings) -> tuple[float, float]:
+    """(one decoder layer's adapter in the compute dtype, the root unit's trainable parameters: none under LoRA),
+    GiB."""
+    return m.lora_layer_params(s.lora_rank, s.lora_modules) * s.compute_bytes / GIB, 0.0
+
+
 def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB, model: str = "") -> MemoryPlan:
     """The per-GPU plan of `m` under `s` (pure arithmetic, GiB)."""
     P, dp = m.param_count(), max(s.n_gpus, 1)
-    shard = P * s.param_bytes / dp / GIB
-    grads = P * s.param_bytes / dp / GIB
-    states = s.optimizer_states * P * 4 / dp / GIB
+    lora = lora_terms(m, s)
+    if lora:  # the frozen base and the adapter; gradients and optimizer states of the adapter only
+        shard, grads, states = lora.base + lora.adapter, lora.grads, lora.states
+    else:
+        shard = P * s.param_bytes / dp / GIB
+        grads = P * s.param_bytes / dp / GIB
+        states = s.optimizer_states * P * 4 / dp / GIB
     trainer_fixed = {"CUDA contexts": CUDA_CONTEXT_GIB, "NCCL": NCCL_GIB}
+    if lora and lora.reference:
+        trainer_fixed["reference adapter snapshot (fp32)"] = lora.reference
 
     # rollout: vLLM awake; its pool is a fraction of the total CUDA reports
     hidden = cuda_hidden_gib(budget_gib)
     pool = s.gpu_memory_utilization * (budget_gib - hidden)
     vllm_weights = P * 2 / s.rollout_tp / GIB
+    if lora:  # vLLM's LoRA buffers sit beside its weights, inside the pool
+        vllm_weights += lora.vllm
     sampler_peak, sampler_outside = sampler_gib(m, s)
     rollout = {
         f"vLLM pool ({s.gpu_memory_utilization:g} × CUDA's total)": pool,
@@ -396,12 +498,18 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
     largest_tensor = m.vocab_size * m.hidden_size * s.compute_bytes / GIB
     sync = (CUDA_CONTEXT_GIB * 2 + NCCL_GIB + VLLM_SLEEP_REMAINDER_GIB + vllm_weights + shard
             + (0.0 if s.optimizer_offload else states) + s.weight_bucket_mib / 1024 + largest_tensor)
+    if lora:
+        sync += lora.reference  # the reference adapter snapshot stays on the GPU
 
     # update: vLLM asleep
     vllm_asleep = CUDA_CONTEXT_GIB + (VLLM_SLEEP_REMAINDER_GIB if s.free_cache_engine else pool)
     root_unsh = m.root_params() * s.compute_bytes / GIB
     layer_unsh = m.layer_params() * s.compute_bytes / GIB
     unsharded = root_unsh + 2 * layer_unsh  # root unit + the current and the prefetched layer
+    layer_grad_unsh, root_grad_unsh = layer_unsh, root_unsh  # the unsharded units' gradients
+    if lora:  # the adapter's units beside the base's; gradients of the adapter only
+        layer_grad_unsh, root_grad_unsh = _lora_unsharded(m, s)
+        unsharded += 2 * layer_grad_unsh
     T = max(int(s.update_tokens), 1)
     act_layer = activation_bytes_per_token_layer(m, s.compute_bytes) * T / GIB
     if s.gradient_checkpointing:
@@ -416,11 +524,15 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
     base = {**trainer_fixed, "vLLM asleep": vllm_asleep, "param shards": shard, "grad shards": grads,
             "optimizer states": states}
     backward = {**{k: v for k, v in base.items() if s.accumulated_grads or k != "grad shards"},
-                "unsharded params (bf16)": unsharded, "unsharded grads": root_unsh + layer_unsh,
+                "unsharded params (bf16)": unsharded, "unsharded grads": root_grad_unsh + layer_grad_unsh,
                 "activations": acts, "logits": logits, "logits fp32 (torch CE, no flash-attn)": torch_ce}
     end_backward = {**base, "unsharded params (bf16)": root_unsh + layer_unsh,
                     "unsharded grads": m.root_params() * (s.compute_bytes + s.reduce_bytes) / GIB}
     step = {**base, "optimizer step temp": shard if s.foreach_step else m.root_params() * 4 / dp / GIB}
+    if lora:  # the last unit's gradient is one layer's adapter, cast for the reduce; the step's temp an adapter shard
+        end_backward["unsharded grads"] = layer_grad_unsh * (s.compute_bytes + s.reduce_bytes) / s.compute_bytes
+        step["optimizer step temp"] = (states / s.optimizer_states if s.foreach_step
+                                        else layer_grad_unsh * 4 / s.compute_bytes / dp)
     Ti = max(int(s.infer_tokens), 1)
     infer = {**{k: v for k, v in base.items() if k != "grad shards"}, "unsharded params (bf16)": unsharded,
              "activations": 2 * activation_bytes_per_token_layer(m, s.compute_bytes) * Ti / GIB,
@@ -435,7 +547,9 @@ def estimate(m: ModelShape, s: Settings, budget_gib: float = DEFAULT_BUDGET_GIB,
     update_moments = {"backward": backward, "end of backward": end_backward, "optimizer step": step, "log-prob": infer}
     name, update = max(update_moments.items(), key=lambda kv: sum(kv[1].values()))
     plan = MemoryPlan(model=model or m.name, budget_gib=budget_gib, settings=s, shape=m, rollout=rollout,
-                      update={"moment: " + name: 0.0, **update}, cuda_hidden_gib=hidden)
+                      update={"moment: " + name: 0.0, **update}, cuda_hidden_gib=hidden,
+                      lora=lora.labelled(s) if lora else {},
+                      lora_params=m.lora_params(s.lora_rank, s.lora_modules) if lora else 0)
     plan.moments = {"rollout (KV resumed)": sum(rollout.values()), "weight sync": sync,
                     **{k: sum(v.values()) for k, v in update_moments.items()}}
     if sync > plan.rollout_gib:  # the weight-sync moment is part of the rollout phase

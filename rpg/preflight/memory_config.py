@@ -12,7 +12,10 @@ import importlib.util
 import os
 from typing import Any, Optional
 
+from rpg import modes
 from rpg.preflight.gpu_probe import probe
+from rpg.preflight.lora_config import lora_settings
+from rpg.preflight.lora_rules import vllm_lora_rank, vllm_ranks, vllm_serves_adapter
 from rpg.preflight.memory import (
     DEFAULT_BUDGET_GIB,
     DTYPE_BYTES,
@@ -22,6 +25,7 @@ from rpg.preflight.memory import (
     Settings,
     estimate,
     load_model_shape,
+    lora_modules,
     optimizer_states,
 )
 
@@ -51,6 +55,21 @@ def topk_width(rpg: Any) -> int:
     """k of the top-k KL's support the run's RPG settings select (`RPGPolicyLossConfig.topk`: kl_estimator=topk),
     else 0 (the sampled estimator; `rpg` None: verl's own loss)."""
     return int(rpg.kl_topk) if rpg is not None and rpg.topk else 0
+
+
+def lora_fields(validated: Any) -> dict[str, Any]:
+    """The plan's LoRA settings of a validated run (`rpg.preflight.lora_config.lora_settings`, as verl reads them):
+    the rank and adapted layers, vLLM's max_lora_rank when the adapter itself reaches vLLM (verl's
+    ``get_vllm_max_lora_rank`` rule, `rpg.preflight.lora_rules`), and one fp32 reference snapshot of the adapter for a
+    reference mode that writes the reference (periodic). Empty for full-weight training."""
+    lora = lora_settings(validated.config)
+    if lora.rank <= 0:
+        return {}
+    serves = vllm_serves_adapter(validated.config)
+    writes = validated.rpg is not None and modes.selected(validated.rpg)[0].writes_reference
+    return {"lora_rank": lora.rank, "lora_modules": lora_modules(lora.target_modules),
+            "vllm_lora_rank": vllm_lora_rank(lora.rank, vllm_ranks()) if serves else 0,
+            "lora_reference_copies": int(writes)}
 
 
 def _micro_batch_tokens(dynamic: bool, max_tokens: Any, micro: Any, seq: int, setting: str) -> int:
@@ -111,6 +130,7 @@ def settings_from_config(validated: Any, flash_ce: Optional[bool] = None) -> Set
         max_num_batched_tokens=int(rollout.max_num_batched_tokens),
         logprobs_mode=str(rollout.logprobs_mode),
         topk=topk_width(validated.rpg),
+        **lora_fields(validated),
     )
 
 

@@ -1,8 +1,8 @@
 """The dry run's last lines (`RPG_DRY_RUN=1`): what the run would be, in a dozen lines a person reads after the YAML.
 
 Written as YAML comments (`# ...`), so the dry run's output stays one YAML document (`yaml.safe_load` reads it) and
-`| tail -15` shows the summary: model, loss, β, reference, clip, context, batch × n, steps, memory plan, prompt
-lengths and what a launch would refuse.
+`| tail -15` shows the summary: model, loss, β, reference, clip, context, batch × n, steps, memory plan (with LoRA:
+the adapter and each of its memory terms, one line each), prompt lengths and what a launch would refuse.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from rpg import modes
 from rpg.loss_options import option_defaults
 from rpg.loss_table import ADDON
 from rpg.preflight.gpu import is_gpu_run, runtime_problems
-from rpg.preflight.memory import TOPK_SUPPORT_BYTES
+from rpg.preflight.lora_config import lora_settings
+from rpg.preflight.memory import TOPK_SUPPORT_BYTES, MemoryPlan
 from rpg.preflight.memory_config import budget_from_env, memory_plan, topk_width
 from rpg.preflight.prompts import unchecked_reason
 from rpg.preflight.verl_configs import ValidatedConfig
@@ -74,14 +75,46 @@ def _estimator(validated: ValidatedConfig, ref_row) -> Optional[str]:
             f"{TOPK_SUPPORT_BYTES * k} B per token: up to {gib:.1f} GiB per step (host, TransferQueue)")
 
 
-def _plan(validated: ValidatedConfig) -> str:
+def _plan(validated: ValidatedConfig) -> tuple[str, Optional[MemoryPlan]]:
     if not is_gpu_run(validated.config):
-        return "CPU run (no GPU plan)"
+        return "CPU run (no GPU plan)", None
     try:
         plan = memory_plan(validated, budget_gib=budget_from_env())
     except ValueError as e:
-        return f"not computed: {e}"
-    return plan.line().split("): ", 1)[-1] + f" per GPU (budget {plan.budget_gib:.1f} GiB)"
+        return f"not computed: {e}", None
+    return plan.line().split("): ", 1)[-1] + f" per GPU (budget {plan.budget_gib:.1f} GiB)", plan
+
+
+def _reference_under_lora(validated: ValidatedConfig, gib: float) -> str:
+    """What the reference costs under LoRA (docs/reference-modes.md#lora): no engine of its own (verl's
+    ref_in_actor)."""
+    ref_row = modes.selected(validated.rpg)[0] if validated.rpg is not None else None
+    if ref_row is not None and ref_row.writes_reference:
+        return f"reference adapter snapshot (fp32) {gib:.2f} GiB per GPU (policy_loss.reference={ref_row.name})"
+    if ref_row.reference_model if ref_row is not None else validated.ref is not None:
+        return "reference: the adapter-free base, no copy (verl's ref_in_actor: the adapter disabled)"
+    if ref_row is None:
+        return "reference: none (no KL to a reference)"
+    return f"reference: none (policy_loss.reference={ref_row.name}: π_old, the policy's own adapter)"
+
+
+def _lora(validated: ValidatedConfig, plan: Optional[MemoryPlan]) -> list[tuple[str, str]]:
+    """The LoRA lines: the adapter, then each of its memory terms (docs/gpu.md#lora); none for full weights."""
+    lora = lora_settings(validated.config)
+    if not lora.enabled:
+        return []
+    head = (f"rank {lora.rank}, alpha {lora.alpha:g}, target_modules {lora.target_modules}, "
+            f"merge {lora.merge}" + (f", from {lora.adapter_path}" if lora.adapter_path else ""))
+    if plan is None or not plan.lora:
+        return [("lora", head)]
+    base_params = plan.shape.param_count()
+    rows = [("lora", f"{head}: {plan.lora_params / 1e6:.1f}M adapter parameters "
+                     f"({100 * plan.lora_params / base_params:.2f} % of the base's {base_params / 1e9:.2f}B)")]
+    for label, gib in plan.lora.items():
+        text = (_reference_under_lora(validated, gib) if label.startswith("reference adapter")
+                else f"{label} {gib:.2f} GiB per GPU")
+        rows.append(("lora mem", text))
+    return rows
 
 
 def _context(validated: ValidatedConfig) -> str:
@@ -106,6 +139,7 @@ def summary_lines(validated: ValidatedConfig, refusals: Sequence[str], smoke: Op
     batch = (f"{data.train_batch_size} prompts × {validated.rollout.n} responses, mini-batch "
              f"{actor.ppo_mini_batch_size}, lr {validated.actor.optim.lr:g}")
     ranks = "GPU" if is_gpu_run(config) else "rank"
+    memory, plan = _plan(validated)
     rows = [
         ("model", str(config.actor_rollout_ref.model.path)),
         *_loss(validated),
@@ -113,7 +147,8 @@ def summary_lines(validated: ValidatedConfig, refusals: Sequence[str], smoke: Op
         ("batch", batch),
         ("steps", _steps(trainer)),
         ("nodes", f"{trainer.nnodes} × {trainer.n_gpus_per_node} {ranks}(s)"),
-        ("memory", _plan(validated)),
+        ("memory", memory),
+        *_lora(validated, plan),
     ]
     if smoke:
         rows.append(("smoke", smoke))

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from rpg import install
 from rpg.preflight.compose import RecipeConfigError, compose_config
 from rpg.preflight.inputs import check_paths
+from rpg.preflight.lora_rules import validate_lora
 from rpg.preflight.prompts import prompt_length_problems
 from rpg.preflight.recipe_rules import validate_recipe
 from rpg.preflight.rpg_rules import validate_rpg
@@ -21,7 +22,8 @@ __all__ = ["compose_and_validate", "validate"]
 
 
 def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfig:
-    """All checks on a composed config: verl's, the dataclass builds, the recipe rules and the RPG rules.
+    """All checks on a composed config: the LoRA rules, verl's, the dataclass builds, the recipe rules and the RPG
+    rules.
 
     Local paths that do not exist (`check_paths`) are returned in `path_problems` (a dry run reports them), or raised
     with `real_launch=True`.
@@ -30,6 +32,7 @@ def validate(config: DictConfig, *, real_launch: bool = False) -> ValidatedConfi
     from rpg.dynamic_sampling import check_config as check_dynamic_sampling
     from rpg.schedule_free import check_config as check_schedule_free
 
+    validate_lora(config)  # the adapter's rank vLLM serves, LoRA not with separate_async (verl #7495)
     validated = build_verl_configs(config)
     validated.path_problems = check_paths(config)
     if real_launch and validated.path_problems:

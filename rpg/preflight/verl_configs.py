@@ -1,6 +1,7 @@
 """verl's own checks and dataclasses: build, before any Ray process starts, the typed configs verl's trainer and
 workers build later (actor, reference, rollout, model, algorithm, checkpoint engine), type-check their scalar fields,
-and run verl's `validate_config` exactly as `verl/trainer/main_ppo.py:main` does."""
+and run verl's `validate_config` exactly as `verl/trainer/main_ppo.py:main` does (on a machine without vLLM, a LoRA
+rank is checked by `rpg.preflight.lora_rules` instead of verl's import of vLLM)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rpg.preflight.compose import RecipeConfigError, _detached
+from rpg.preflight.lora_rules import config_for_verl_check
 
 
 @dataclasses.dataclass
@@ -130,6 +132,7 @@ def build_verl_configs(config: DictConfig) -> ValidatedConfig:
         algorithm=omega_conf_to_dataclass(config.algorithm),
         checkpoint_engine=omega_conf_to_dataclass(arr.rollout.checkpoint_engine),
     )
+    verl_view = config_for_verl_check(config)  # a LoRA rank checked by RPG where vLLM is not importable (lora_rules)
     with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; keep stdout for the YAML of a dry run
-        validate_config(config=config, use_reference_policy=use_ref, use_critic=need_critic(config))
+        validate_config(config=verl_view, use_reference_policy=use_ref, use_critic=need_critic(config))
     return validated

@@ -35,7 +35,7 @@ from rpg.preflight import recipe_argv as ra
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipe" / "rpg"
-PROFILES = ("7b", "4b", "cpu")
+PROFILES = ("7b", "4b", "1gpu", "cpu")
 #: Environment knobs a developer may have exported: cleared so that each script's own defaults apply (the launcher's
 #: knobs, the former script settings it refuses, the CPU profile's sizes, and the launch switches).
 CLEARED = (

@@ -18,7 +18,7 @@ from rpg.atomic import atomic_write_text
 from rpg.recipe_table import RECIPES, Recipe
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipe" / "rpg"
-DIRECTORIES = ("4b", "7b", "cpu")
+DIRECTORIES = ("4b", "1gpu", "7b", "cpu")
 SOURCE = 'source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"'
 
 

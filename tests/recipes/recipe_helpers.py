@@ -18,6 +18,7 @@ clean_env = dd.recipe_env
 REPO, RECIPE = dd.REPO, dd.RECIPE
 SCRIPTS_7B = sorted((RECIPE / "7b").glob("*.sh"))
 SCRIPTS_4B = sorted((RECIPE / "4b").glob("*.sh"))
+SCRIPTS_1GPU = sorted((RECIPE / "1gpu").glob("run_*.sh"))  # the one-GPU LoRA rows (not the paper's setting)
 SCRIPTS_CPU = sorted((RECIPE / "cpu").glob("run_*.sh"))
 
 

@@ -25,6 +25,7 @@ import yaml
 from recipe_helpers import (
     RECIPE,
     REPO,
+    SCRIPTS_1GPU,
     SCRIPTS_4B,
     SCRIPTS_7B,
     SCRIPTS_CPU,
@@ -119,7 +120,7 @@ ABLATIONS_4B = {  # Fig. 8 (2K clip) and Fig. 9 (4K β and reference): script �
     # beyond the paper: RPG-URKL 4K with the top-k KL at the paper's β (docs/losses.md#topk-use)
     "run_rpg_urkl_4k_topk.sh": ("rpg_urkl", 1e-4, (0.2, 0.28), 4, "iterative"),
 }
-GPU_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B
+GPU_SCRIPTS = SCRIPTS_7B + SCRIPTS_4B + SCRIPTS_1GPU
 ALL_SCRIPTS = GPU_SCRIPTS + SCRIPTS_CPU
 
 
@@ -242,7 +243,8 @@ def test_every_gpu_recipe_runs_actor_and_reference_on_fsdp2(script):
 def test_every_gpu_recipe_plans_within_80_gib(script, capsys):
     v = validated(script)
     capsys.readouterr()
-    expected = 0.75 if script.parent.name == "7b" else 0.8  # docs/differences.md#d28
+    # docs/differences.md#d28; one GPU (docs/gpu.md#lora): the frozen fp32 base stays beside vLLM during the rollout
+    expected = {"7b": 0.75, "4b": 0.8}.get(script.parent.name) or (0.75 if "1_7b" in script.name else 0.65)
     assert v.config.actor_rollout_ref.rollout.gpu_memory_utilization == expected
     plan = check_memory_plan(v, budget_gib=80)
     assert plan is not None and plan.problems() == []
@@ -381,7 +383,7 @@ def test_the_rpg_settings_are_built_once_per_validation(monkeypatch):
 AUTHORS_SEEDS = {"data_seed": 1, "rollout_seed": 0, "max_num_seqs": 1024}
 
 
-@pytest.mark.parametrize("script", SCRIPTS_7B + SCRIPTS_4B, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("script", SCRIPTS_7B + SCRIPTS_4B + SCRIPTS_1GPU, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_authors_seeds_and_engine_size(script: Path):
     v = validated(script)
     got = {"data_seed": v.config.data.seed, "rollout_seed": v.rollout.seed, "max_num_seqs": v.rollout.max_num_seqs}
@@ -811,3 +813,59 @@ def test_the_async_4k_script_is_colocate_async_with_token_tis():
     assert (corr.rollout_is, corr.rollout_is_threshold, corr.bypass_mode) == ("token", 2.0, False)
     assert cfg.actor_rollout_ref.actor.strategy == cfg.actor_rollout_ref.ref.strategy == "fsdp2"
     assert cfg.actor_rollout_ref.actor.policy_loss == sync.actor_rollout_ref.actor.policy_loss
+
+
+# ---- the one-GPU LoRA rows (recipe/rpg/1gpu/; docs/gpu.md#lora, recipe/rpg/README.md#one-gpu) ---------------------
+# Each 4B row is its paper row with LoRA on one GPU and nothing else changed: same data, rewards, batch, β and
+# evaluation. LoRA Without Regret (Schulman et al., Thinking Machines Lab, 2025): every linear layer, LR 10×.
+ONE_GPU_PAIRS = {"run_dapo_2k_lora.sh": "run_dapo_2k.sh", "run_dapo_4k_lora.sh": "run_dapo_4k.sh",
+                 "run_rpg_reinforce_urkl_2k_lora.sh": "run_rpg_reinforce_urkl_2k.sh",
+                 "run_rpg_reinforce_urkl_4k_lora.sh": "run_rpg_reinforce_urkl_4k.sh"}
+LORA_KEYS = {"actor_rollout_ref.model.lora_rank": 32, "actor_rollout_ref.model.lora_alpha": 32,
+             "actor_rollout_ref.model.target_modules": "all-linear", "trainer.n_gpus_per_node": 1}
+
+
+def _flat(node, prefix=""):
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(node, resolve=True) if prefix == "" else node
+    out = {}
+    for key, value in container.items():
+        name = f"{prefix}{key}"
+        out.update(_flat(value, name + ".") if isinstance(value, dict) else {name: value})
+    return out
+
+
+def test_the_one_gpu_rows_are_the_lora_scripts_of_the_table():
+    assert sorted(p.name for p in SCRIPTS_1GPU) == sorted([*ONE_GPU_PAIRS, "run_dapo_qwen3_1_7b_2k_lora.sh",
+                                                           "run_rpg_reinforce_urkl_qwen3_1_7b_2k_lora.sh"])
+
+
+@pytest.mark.parametrize("lora_name, paper_name", sorted(ONE_GPU_PAIRS.items()))
+def test_a_one_gpu_row_is_its_paper_row_with_lora_and_nothing_else(lora_name, paper_name):
+    lora, paper = _flat(composed(RECIPE / "1gpu" / lora_name)), _flat(composed(RECIPE / "4b" / paper_name))
+    changed = {k for k in lora.keys() | paper.keys() if lora.get(k) != paper.get(k)}
+    names = {"trainer.experiment_name", "trainer.default_local_dir", "actor_rollout_ref.rollout.trace.experiment_name"}
+    one_gpu = {"trainer.n_gpus_per_node", "actor_rollout_ref.rollout.n_gpus_per_node"}  # the rollout's follows
+    lora_set = {"actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora_alpha"}  # all-linear: verl's default
+    assert changed - names == {*lora_set, *one_gpu, "actor_rollout_ref.actor.optim.lr",
+                               "actor_rollout_ref.rollout.gpu_memory_utilization"}
+    assert {k: lora[k] for k in LORA_KEYS} == LORA_KEYS
+    assert lora["actor_rollout_ref.actor.optim.lr"] == pytest.approx(10 * paper["actor_rollout_ref.actor.optim.lr"])
+
+
+@pytest.mark.parametrize("script", SCRIPTS_1GPU, ids=lambda p: p.name)
+def test_a_one_gpu_row_says_it_is_not_the_paper_and_its_projected_time(script):
+    header = script.read_text().replace("\n# ", " ")
+    assert "Not the paper's setting" in header and "LoRA Without Regret" in header
+    assert re.search(r"Projected (wall time on one GPU|cost): [\d-]+ (hours|GPU-hours)", header)
+
+
+@pytest.mark.parametrize("script", SCRIPTS_1GPU, ids=lambda p: p.name)
+def test_a_one_gpu_dry_run_shows_the_lora_terms(script):
+    with dd.fixed_machine():
+        text = dd.plan_text(validated(script))
+    assert "# lora       rank 32, alpha 32, target_modules all-linear, merge False" in text
+    for term in ("frozen base (fp32; no grads, no optimizer states)", "adapter (fp32)", "adapter grads",
+                 "adapter optimizer states (2 fp32)", "vLLM LoRA buffers (max_loras 1, max_lora_rank 32"):
+        assert f"# lora mem   {term}" in text
