@@ -34,7 +34,7 @@ import math
 
 import pytest
 
-from engine_scenarios import ema_reference, periodic_refresh, schedule_free
+from engine_scenarios import ema_reference, lora_periodic, periodic_refresh, schedule_free
 
 K_STEPS = 6
 
@@ -178,3 +178,40 @@ def test_schedule_free_switches_every_rank_and_resumes_exactly(sf_run):
         assert out["resumed_params_equal"] and out["resumed_optimizer_equal"], f"rank {rank}"
         assert out["resumed_mode"] == "iterate" and out["step3_equal"], f"rank {rank}"
     assert sf_run[0]["hf_export_max_diff_to_x"] < 1e-6 < sf_run[0]["hf_export_max_diff_to_y"]
+
+
+@pytest.fixture(scope="module")
+def lora_run(two_ranks, tiny_qwen2_dir, tmp_path_factory):
+    ckpt = str(tmp_path_factory.mktemp("lora") / "global_step_2" / "actor")
+    return two_ranks.run(
+        lora_periodic, model_dir=tiny_qwen2_dir, ckpt_dir=ckpt, refresh_steps=4, steps=4, save_at=2, topk=True
+    )
+
+
+def test_lora_periodic_refreshes_the_adapter_snapshot_on_every_rank_together(lora_run):
+    r0, r1 = lora_run
+    # K = 4 optimizer steps = 2 training steps: refreshes at the end of steps 2 and 4, on both ranks
+    assert [s["ref_refreshed"] for s in r0["steps"]] == [s["ref_refreshed"] for s in r1["steps"]] == [0, 1, 0, 1]
+    for rank, out in enumerate(lora_run):
+        for s in out["steps"] + out["resumed_steps"]:
+            assert s["policy_kept"], (rank, s["step"])  # the reference pass restored the policy's adapter
+            assert s["support_in_ref_pass"], (rank, s["step"])  # top-k: the support of the reference's pass
+            if s["ref_refreshed"]:  # each rank's snapshot shards = its adapter shards; the pass = the policy's
+                assert s["snapshot_equal_adapter"] and s["logprob_gap"] < 1e-6, (rank, s)
+        # steps 1 and 3 start at a snapshot (the initial adapter, B = 0; the refresh of step 2): π_ref = π_old there;
+        # at steps 2 and 4 the policy moved on and the reference stayed
+        gaps = [s["ref_old_gap"] for s in out["steps"]]
+        assert gaps[0] < 1e-6 and gaps[2] < 1e-6 and gaps[1] > 1e-5 and gaps[3] > 1e-5, (rank, gaps)
+
+
+def test_lora_rollout_sync_reads_the_policys_adapter(lora_run):
+    assert all(out["sync_reads_policy"] for out in lora_run)
+
+
+def test_lora_periodic_resumes_exactly_on_every_rank(lora_run):
+    for rank, out in enumerate(lora_run):
+        assert out["loaded_schedule"] == out["saved_schedule"] and out["loaded_snapshot_equal_saved"], rank
+        assert out["resumed_final_schedule"] == out["final_schedule"], rank
+        assert out["resumed_snapshot_diff"] < 1e-6 and out["resumed_adapter_diff"] < 1e-6, rank
+        for a, b in zip(out["steps"][2:], out["resumed_steps"]):
+            assert b["ref_kl"] == pytest.approx(a["ref_kl"], rel=1e-6), (rank, a["step"])
