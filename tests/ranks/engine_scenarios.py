@@ -527,14 +527,19 @@ def _snapshot_local(worker) -> dict[str, torch.Tensor]:
     return {k: local_shard(v).detach().clone() for k, v in worker._rpg_reference.snapshot.tensors.items()}
 
 
-def _lora_pass(worker, td, reference: bool):
-    """verl's log-prob pass as its trainer calls it in a LoRA run: the reference's with ``no_lora_adapter=True``."""
+def _lora_pass(worker, td, reference: bool, select: int = 0):
+    """verl's log-prob pass as its trainer calls it in a LoRA run: the reference's with ``no_lora_adapter=True``;
+    `select`: ask the top-k hook for a support of that size in this pass (as it asks in the reference's)."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding
+
+    from rpg import topk_hook
 
     data = td.clone()
     if reference:
         tu.assign_non_tensor(data, no_lora_adapter=True)
+    if select:
+        tu.assign_non_tensor(data, **{topk_hook.SELECT: select})
     out = worker.compute_log_prob(data)
     return no_padding_2_padding(tu.get(out, "log_probs"), td).detach(), out
 
@@ -553,6 +558,9 @@ def _lora_step(worker, step: int, rank: int, world_size: int, topk: bool) -> dic
     result["ref_old_gap"] = float(((ref - old) * mask).abs().max())
     if topk:  # the support is selected in the reference's pass only, from the reference's logits
         result["support_in_ref_pass"] = topk_hook.IDS in ref_out.keys() and topk_hook.IDS not in old_out.keys()
+        _, policy_out = _lora_pass(worker, td, reference=False, select=4)  # the policy's own support, for contrast
+        lps = topk_hook.LOG_PROBS
+        result["support_gap_to_policy"] = float((ref_out[lps].values() - policy_out[lps].values()).abs().max())
         td[topk_hook.IDS], td[topk_hook.LOG_PROBS] = ref_out[topk_hook.IDS], ref_out[topk_hook.LOG_PROBS]
     td["old_log_probs"], td["ref_log_prob"] = old * mask, ref * mask
     for_update(td, _PERIODIC_MINI)
@@ -562,9 +570,14 @@ def _lora_step(worker, step: int, rank: int, world_size: int, topk: bool) -> dic
         result["topk_kl"] = metrics["actor/rpg/topk_kl"][0]
     if result["ref_refreshed"]:
         result["snapshot_equal_adapter"] = equal_states(_snapshot_local(worker), _adapter_local(worker))
-        after, _ = _lora_pass(worker, td, reference=True)
-        now, _ = _lora_pass(worker, td, reference=False)
+        after, after_out = _lora_pass(worker, td, reference=True)
+        now, now_out = _lora_pass(worker, td, reference=False, select=4 if topk else 0)
         result["logprob_gap"] = float(((after - now) * mask).abs().max())
+        if topk:  # the reference pass's support = the one the policy's own logits give (snapshot = policy now)
+            ids, lps = (topk_hook.IDS, topk_hook.LOG_PROBS)
+            result["support_equal_policy"] = bool(after_out[ids].values().equal(now_out[ids].values()))
+            result["support_gap"] = float((after_out[lps].values() - now_out[lps].values()).abs().max())
+
     return result
 
 

@@ -198,6 +198,10 @@ def test_lora_periodic_refreshes_the_adapter_snapshot_on_every_rank_together(lor
             assert s["support_in_ref_pass"], (rank, s["step"])  # top-k: the support of the reference's pass
             if s["ref_refreshed"]:  # each rank's snapshot shards = its adapter shards; the pass = the policy's
                 assert s["snapshot_equal_adapter"] and s["logprob_gap"] < 1e-6, (rank, s)
+                assert s["support_equal_policy"] and s["support_gap"] < 1e-6, (rank, s)  # top-k of the same weights
+        # ... and of the snapshot's weights, not π_θ's: the same pattern as the log-probs
+        support_gaps = [s["support_gap_to_policy"] for s in out["steps"]]
+        assert support_gaps[0] < 1e-6 and support_gaps[1] > 1e-5 and support_gaps[3] > 1e-5, (rank, support_gaps)
         # steps 1 and 3 start at a snapshot (the initial adapter, B = 0; the refresh of step 2): π_ref = π_old there;
         # at steps 2 and 4 the policy moved on and the reference stayed
         gaps = [s["ref_old_gap"] for s in out["steps"]]
