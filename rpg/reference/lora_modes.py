@@ -24,8 +24,8 @@ __all__ = ["EMA_REFUSAL", "LORA_REFERENCES", "LoraReference", "lora_reference"]
 EMA_REFUSAL = (
     "an EMA reference under LoRA is not an adapter: blending the factors A and B is not the EMA of the weights "
     "(B·A of a blend adds cross terms), and the exact weight EMA needs a full-size ΔW for every adapted layer, which "
-    "with LoRA on every linear layer is about the size of the whole model in fp32 (Qwen3-4B: ≈3.6B parameters, "
-    "≈14.4 GB), the memory of the full-weight EMA reference. Use reference=ema without LoRA, or reference=periodic "
+    "with LoRA on every linear layer is about the size of the whole model in fp32 (Qwen3-4B: ≈3.63B parameters, "
+    "≈14.5 GB), the memory of the full-weight EMA reference. Use reference=ema without LoRA, or reference=periodic "
     "(a snapshot of the adapter) or frozen (the adapter-free base) with LoRA (docs/reference-modes.md#lora)"
 )
 
