@@ -486,11 +486,12 @@ def schedule_free(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> 
 # 2c. LoRA: the periodic reference as a snapshot of the policy's adapter (rpg/reference/lora.py)
 # ---------------------------------------------------------------------------------------------------------------------
 LORA_RANK, LORA_ALPHA = 4, 8
+LORA_KL_TARGET, LORA_KL_HORIZON = 1e-5, 2.0  # the adaptive β beside the LoRA reference
 
 
 def _lora_worker(model_dir: str, world_size: int, refresh_steps: int, topk: bool = False):
     """verl's fused worker of a LoRA run (role actor_rollout: no reference engine, verl's ``ref_in_actor``) with the
-    periodic reference, K = `refresh_steps`; `topk`: the top-k KL estimator (k = 4)."""
+    periodic reference, K = `refresh_steps`, and the adaptive β; `topk`: the top-k KL estimator (k = 4)."""
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
     pl = "actor_rollout_ref.actor.policy_loss."
@@ -511,6 +512,7 @@ def _lora_worker(model_dir: str, world_size: int, refresh_steps: int, topk: bool
         f"+{pl}reference=periodic",
         f"+{pl}ref_refresh_steps={refresh_steps}",
         *([f"+{pl}kl_estimator=topk", f"+{pl}kl_topk=4", f"+{pl}branch_on=advantage"] if topk else []),
+        f"+{pl}kl_control=adaptive", f"+{pl}kl_target={LORA_KL_TARGET}", f"+{pl}kl_horizon={LORA_KL_HORIZON}",
     ])
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout")
     worker.init_model()
@@ -536,6 +538,7 @@ def _lora_pass(worker, td, reference: bool, select: int = 0):
     from rpg import topk_hook
 
     data = td.clone()
+    tu.assign_non_tensor(data, compute_loss=False)  # a log-prob pass, also after `for_update` marked `td`
     if reference:
         tu.assign_non_tensor(data, no_lora_adapter=True)
     if select:
@@ -565,7 +568,8 @@ def _lora_step(worker, step: int, rank: int, world_size: int, topk: bool) -> dic
     td["old_log_probs"], td["ref_log_prob"] = old * mask, ref * mask
     for_update(td, _PERIODIC_MINI)
     metrics = _metrics(worker.update_actor(td))
-    result.update({k.removeprefix("actor/rpg/"): v[0] for k, v in metrics.items() if k.startswith("actor/rpg/ref_")})
+    ours = ("actor/rpg/ref_", "actor/rpg/kl_c")
+    result.update({k.removeprefix("actor/rpg/"): v[0] for k, v in metrics.items() if k.startswith(ours)})
     if topk:
         result["topk_kl"] = metrics["actor/rpg/topk_kl"][0]
     if result["ref_refreshed"]:

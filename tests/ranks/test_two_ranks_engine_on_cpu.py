@@ -14,6 +14,13 @@ Periodic reference (rpg/reference/periodic.py), RPG-REINFORCE-URKL against the r
 * checkpoint at step 3 → fresh workers load it: the same schedule and the same reference shards on each rank, the
   same refreshes afterwards and the same final reference as the uninterrupted run.
 
+LoRA (rpg/reference/lora.py; verl's fused worker with lora_rank > 0, no reference engine), the periodic reference as a
+snapshot of the policy's adapter, with the top-k KL and the adaptive β: both ranks refresh together; each rank's
+snapshot shards equal its adapter shards after a refresh; every reference pass leaves the policy's adapter as it was;
+the reference pass (and its top-k support) is the snapshot's; the rollout's weight sync after a reference pass reads
+the policy's adapter; β follows its recurrence on both ranks; a checkpoint resumed in fresh workers continues
+identically.
+
 EMA reference and adaptive β (rpg/reference/weights.py, adaptive_kl.py), RPG-REINFORCE-URKL with ρ = π_ref/π_old:
 * τ = 0.9, one update per training step: after every step each rank's own reference shards equal the float64 closed
   form τ·ref + (1 − τ)·actor; the β controller (target below the KL: β grows) follows its recurrence on the
@@ -206,6 +213,21 @@ def test_lora_periodic_refreshes_the_adapter_snapshot_on_every_rank_together(lor
         # at steps 2 and 4 the policy moved on and the reference stayed
         gaps = [s["ref_old_gap"] for s in out["steps"]]
         assert gaps[0] < 1e-6 and gaps[2] < 1e-6 and gaps[1] > 1e-5 and gaps[3] > 1e-5, (rank, gaps)
+
+
+def test_lora_periodic_with_the_adaptive_beta_on_every_rank(lora_run):
+    from engine_scenarios import LORA_KL_HORIZON, LORA_KL_TARGET
+
+    r0, r1 = lora_run
+    for a, b in zip(r0["steps"] + r0["resumed_steps"], r1["steps"] + r1["resumed_steps"]):
+        assert (a["kl_coef"], a["kl_coef_next"], a["kl_ctrl_kl"]) == (b["kl_coef"], b["kl_coef_next"], b["kl_ctrl_kl"])
+    for steps in (r0["steps"], r0["resumed_steps"]):
+        for s, nxt in zip(steps, steps[1:] + [None]):
+            error = min(max(s["kl_ctrl_kl"] / LORA_KL_TARGET - 1, -0.2), 0.2)
+            assert s["kl_coef_next"] == s["kl_coef"] * (1 + error / LORA_KL_HORIZON)
+            if nxt is not None:
+                assert nxt["kl_coef"] == s["kl_coef_next"]
+    assert r0["resumed_steps"][0]["kl_coef"] == r0["steps"][2]["kl_coef"] != 0.05  # β moved and was resumed exactly
 
 
 def test_lora_rollout_sync_reads_the_policys_adapter(lora_run):
