@@ -306,3 +306,18 @@ def test_lora_and_full_weight_states_are_not_mixed(trained, tmp_path):
     with pytest.raises(ValueError, match="saved without LoRA"):
         _state(trained.model).load(str(tmp_path))
     assert os.path.isdir(tmp_path / written.STATE_DIR)
+
+
+@pytest.mark.parametrize("field", ["extra_info", "meta_info"])
+def test_the_flag_is_read_and_taken_from_transfer_queue_metadata_and_dataproto(field):
+    """The v1 trainer hands the worker TransferQueue metadata (``extra_info``), the legacy one a DataProto
+    (``meta_info``); the top-k hook reads the flag there too (the reference's pass, `rpg.topk_hook.pass_of`)."""
+    from rpg import topk_hook
+
+    data = SimpleNamespace(**{field: {"no_lora_adapter": True, "temperature": 1.0}})
+    assert lora.reference_pass_flag(data)
+    assert topk_hook.pass_of("compute_log_prob", data) == topk_hook.REFERENCE_PASS
+    assert lora.pop_reference_pass_flag(data) and getattr(data, field) == {"temperature": 1.0}
+    assert not lora.reference_pass_flag(data)
+    assert topk_hook.pass_of("compute_log_prob", data) == "compute_log_prob"
+    assert topk_hook.pass_of("update_actor", SimpleNamespace(extra_info={"no_lora_adapter": True})) == "update_actor"
