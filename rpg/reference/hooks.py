@@ -25,9 +25,10 @@ worker instance at call time; `rpg.install` hooks them at ``import verl`` in eve
 
 Limits (clear errors, not silent): a mode that writes the reference needs the reference engine in the actor's process
 (verl's fused ``actor_rollout_ref`` role, i.e. the default hybrid engine), or, in a LoRA run, the actor's adapter
-(`LORA_STATES`: periodic; ema is refused with its reason, `rpg.reference.lora_modes.EMA_REFUSAL`); the weight copy goes through
-torch's distributed state-dict API (FSDP2 and plain modules are tested on CPU; FSDP1 is expected to work but untested
-here; Megatron and other engines raise). HDFS checkpoint copies (``default_hdfs_dir``) do not include its files.
+(`LORA_STATES`: periodic; ema is refused with its reason, `rpg.reference.lora_modes.EMA_REFUSAL`); the weight copy goes
+through torch's distributed state-dict API (FSDP2 and plain modules are tested on CPU; FSDP1 is expected to work but
+untested here; Megatron and other engines raise). HDFS checkpoint copies (``default_hdfs_dir``) do not include its
+files.
 """
 
 from __future__ import annotations

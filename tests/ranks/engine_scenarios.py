@@ -522,7 +522,8 @@ def _lora_worker(model_dir: str, world_size: int, refresh_steps: int, topk: bool
 def _adapter_local(worker) -> dict[str, torch.Tensor]:
     from rpg.reference.lora import adapter_parameters
 
-    return {k: local_shard(v).detach().clone() for k, v in adapter_parameters(engine_module(worker.actor, "actor")).items()}
+    module = engine_module(worker.actor, "actor")
+    return {k: local_shard(v).detach().clone() for k, v in adapter_parameters(module).items()}
 
 
 def _snapshot_local(worker) -> dict[str, torch.Tensor]:
@@ -591,7 +592,8 @@ def lora_periodic(
 ) -> dict[str, Any]:
     """Train `steps` steps of a LoRA run with the periodic reference (K = refresh_steps), checking each rank's snapshot
     against its adapter shards; checkpoint at `save_at`, resume in a fresh worker, train the rest. Also: the rollout's
-    weight sync (verl's ``get_per_tensor_param``, lora.merge=False) after a reference pass reads the policy's adapter."""
+    weight sync (verl's ``get_per_tensor_param``, lora.merge=False) after a reference pass reads the policy's
+    adapter."""
     install.install([install.REF_LOG_PROB, install.WORKER_HOOKS] + ([install.TOPK_KL] if topk else []))
     os.environ[VERIFY_ENV] = "1"
     try:

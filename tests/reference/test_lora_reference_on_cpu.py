@@ -95,7 +95,7 @@ def _reference_log_probs(snapshot: lora.AdapterSnapshot, model: torch.nn.Module,
 
 
 def _gap_to_merged(snapshot: lora.AdapterSnapshot, trained) -> float:
-    """max |log π_ref − log π_merged| of the reference pass against the full-weight model holding the merged snapshot."""
+    """max |log π_ref − log π_merged|: the reference pass against the full-weight model holding the merged snapshot."""
     ids = _batch(7)
     ref = _reference_log_probs(snapshot, trained.model, ids)
     with torch.no_grad():
