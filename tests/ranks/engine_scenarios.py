@@ -607,6 +607,7 @@ def lora_periodic(
                 out["saved_schedule"] = worker._rpg_reference.schedule.state_dict()
             if step == save_at + 1:  # the snapshot lags the policy by one training step here
                 out["sync_reads_policy"] = _sync_reads_policy(worker, rank, world_size)
+                out["merged_sync_gaps"] = _merged_sync_gaps(worker, rank, world_size)
         final_snapshot, final_adapter = _snapshot_local(worker), _adapter_local(worker)
         out["final_schedule"] = worker._rpg_reference.schedule.state_dict()
 
@@ -642,3 +643,34 @@ def _sync_reads_policy(worker, rank: int, world_size: int) -> bool:
     same = all(torch.equal(v.float(), by_name[k].float()) for k, v in matched)
     differs = any(not torch.equal(snapshot[k].float(), policy[k].float()) for k in policy)
     return same and differs
+
+
+def _merged_sync_gaps(worker, rank: int, world_size: int) -> dict[str, float]:
+    """lora.merge=True: after a reference pass verl's sync streams W + (α/r)·B·A in bf16; the largest gap of the
+    streamed adapted weights to the policy's merge and to the snapshot's (collective: all ranks call)."""
+    from rpg.reference.lora import adapter_parameters
+
+    td = to_td(chunk(padded_batch(_PERIODIC_BATCH, seed=7), rank, world_size))
+    _lora_pass(worker, td, reference=True)
+    engine = worker.actor.engine
+    module = engine_module(worker.actor, "actor")
+    full = {k: full_tensor(v).detach().float().clone() for k, v in module.state_dict().items()}
+    policy = {k: full_tensor(v).detach().float() for k, v in adapter_parameters(module).items()}
+    snapshot = {k: full_tensor(v).detach().float() for k, v in worker._rpg_reference.snapshot.tensors.items()}
+    engine.model_config.lora["merge"] = True
+    try:
+        params, _ = engine.get_per_tensor_param(layered_summon=False, base_sync_done=True)
+        synced = {k: v.detach().float().clone() for k, v in params}
+    finally:
+        engine.model_config.lora["merge"] = False
+    gaps = {"policy": 0.0, "snapshot": 0.0, "layers": 0}
+    for a_name in (k for k in policy if ".lora_A." in k):
+        prefix = a_name.split(".lora_A.")[0]  # base_model.model.<layer path>
+        b_name = a_name.replace(".lora_A.", ".lora_B.")
+        weight = full[prefix + ".base_layer.weight"]
+        name = prefix.removeprefix("base_model.model.") + ".weight"
+        for what, adapter in (("policy", policy), ("snapshot", snapshot)):
+            merged = (weight + (LORA_ALPHA / LORA_RANK) * adapter[b_name] @ adapter[a_name]).to(torch.bfloat16)
+            gaps[what] = max(gaps[what], float((synced[name] - merged.float()).abs().max()))
+        gaps["layers"] += 1
+    return gaps

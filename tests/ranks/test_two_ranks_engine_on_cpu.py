@@ -18,7 +18,7 @@ LoRA (rpg/reference/lora.py; verl's fused worker with lora_rank > 0, no referenc
 snapshot of the policy's adapter, with the top-k KL and the adaptive β: both ranks refresh together; each rank's
 snapshot shards equal its adapter shards after a refresh; every reference pass leaves the policy's adapter as it was;
 the reference pass (and its top-k support) is the snapshot's; the rollout's weight sync after a reference pass reads
-the policy's adapter; β follows its recurrence on both ranks; a checkpoint resumed in fresh workers continues
+the policy's adapter (lora.merge=False: its tensors; True: its merged weights, bit for bit); β follows its recurrence on both ranks; a checkpoint resumed in fresh workers continues
 identically.
 
 EMA reference and adaptive β (rpg/reference/weights.py, adaptive_kl.py), RPG-REINFORCE-URKL with ρ = π_ref/π_old:
@@ -32,7 +32,7 @@ Schedule-free (rpg/schedule_free.py): the first micro-batch of every step has ra
 switch to the average x changes every rank's shards to schedulefree's x and back to y bit-exactly; the checkpoint
 holds y, its HF export is x; a resumed worker continues bit-identically.
 
-Cost: ~1 min on 2 cores (the pool is shared with tests/ranks/test_aggregation_engine_on_cpu.py).
+Cost: ~1.5 min on 2 cores (the LoRA scenario ~10 s of it) (the pool is shared with tests/ranks/test_aggregation_engine_on_cpu.py).
 """
 
 from __future__ import annotations
@@ -231,7 +231,10 @@ def test_lora_periodic_with_the_adaptive_beta_on_every_rank(lora_run):
 
 
 def test_lora_rollout_sync_reads_the_policys_adapter(lora_run):
-    assert all(out["sync_reads_policy"] for out in lora_run)
+    assert all(out["sync_reads_policy"] for out in lora_run)  # lora.merge=False: the adapter's tensors
+    for out in lora_run:  # lora.merge=True: W + (α/r)·B·A of the policy's adapter (bf16), not of the snapshot's
+        gaps = out["merged_sync_gaps"]
+        assert gaps["layers"] == 14 and gaps["policy"] == 0.0 < gaps["snapshot"], gaps
 
 
 def test_lora_periodic_resumes_exactly_on_every_rank(lora_run):
