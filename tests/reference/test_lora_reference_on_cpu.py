@@ -14,9 +14,11 @@ other passes are unchanged) and the checkpoint refusals are checked here too. < 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -145,7 +147,6 @@ def test_mutant_a_snapshot_of_the_adapter_free_base_fails(trained, monkeypatch):
 
 def test_mutant_a_pass_that_does_not_restore_fails(trained, monkeypatch):
     """Mutant: the pass leaves the snapshot in the adapter (no restore)."""
-    import contextlib
 
     @contextlib.contextmanager
     def swapped_no_restore(self, module):
@@ -279,8 +280,6 @@ def test_a_checkpoint_without_the_snapshot_is_refused(trained, tmp_path):
     saved = _state(trained.model)
     saved.snapshot = copy.deepcopy(trained.snapshot)
     saved.save(str(tmp_path), global_step=3)
-    import shutil
-
     shutil.rmtree(tmp_path / written.STATE_DIR / written.REF_MODEL_DIR)
     with pytest.raises(RuntimeError, match="reference adapter snapshot were saved, but .* is missing"):
         _state(trained.model).load(str(tmp_path))
