@@ -8,14 +8,21 @@ After 2 optimizer steps (B ≠ 0), a snapshot, then one more step:
 * after the pass the policy's adapter equals what it was, bit for bit;
 * the KL to the reference and its gradient (RPG-REINFORCE-URKL's k3 KL term, w·k3(ρ/w)) equal the full-weight path's.
 Mutants that fail: a snapshot of the adapter-free base (B = 0), a pass that does not restore the policy's adapter.
+The top-k KL under LoRA: verl's reference pass of a LoRA run (``compute_log_prob`` with ``no_lora_adapter``), through
+the patch point's pieces (rpg.patches: topk_kl's, then worker_hooks') and the top-k hook's ``topk_outputs``, selects
+the support of the full-weight path's ``compute_ref_log_prob`` on a model holding the merged snapshot, with its
+log-probs, tail mass and the update's KL within 1e-6; mutants that fail: the adapter-free base's pass, the flagged
+pass taken for π_old's (``pass_of`` ignoring the flag, or the pieces in the other order).
 The worker hook's flag handling (the pass takes ``no_lora_adapter`` out of the batch so verl keeps the adapter on;
-other passes are unchanged) and the checkpoint refusals are checked here too. < 10 s.
+other passes are unchanged) and the checkpoint refusals are checked here too. < 20 s (the top-k test imports verl's
+engine).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -320,3 +327,162 @@ def test_the_flag_is_read_and_taken_from_transfer_queue_metadata_and_dataproto(f
     assert not lora.reference_pass_flag(data)
     assert topk_hook.pass_of("compute_log_prob", data) == "compute_log_prob"
     assert topk_hook.pass_of("update_actor", SimpleNamespace(extra_info={"no_lora_adapter": True})) == "update_actor"
+
+
+# ---- the top-k KL under LoRA: the reference pass's support and (k) values are the full-weight path's ----------------
+TOPK_LENGTHS, TOPK_K, TOPK_TEMPERATURE = [12, 7, 10, 4], 5, 0.7
+TOPK_LOSS = {"_target_": "rpg.RPGPolicyLossConfig", "loss_mode": "rpg_reinforce_urkl", "branch_on": "advantage",
+             "kl_estimator": "topk", "kl_topk": TOPK_K, "kl_topk_tail": "bucket", "reference": "periodic",
+             "ref_refresh_steps": 2}  # fmt: skip
+
+
+def _topk_batch(flag: bool):
+    """verl's log-prob batch (nested input_ids, padded layout); `flag`: verl's LoRA reference pass (no_lora_adapter)."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    ids = _batch(11).flatten()[: sum(TOPK_LENGTHS)]
+    offsets = torch.tensor([0, *torch.tensor(TOPK_LENGTHS).cumsum(0).tolist()])
+    td = TensorDict({"input_ids": torch.nested.nested_tensor_from_jagged(ids, offsets)}, batch_size=[len(offsets) - 1])
+    tu.assign_non_tensor(td, use_remove_padding=False)
+    if flag:
+        tu.assign_non_tensor(td, **{lora.NO_LORA_ADAPTER: True})
+    return td
+
+
+def _engine_outputs(model: torch.nn.Module, td) -> dict[str, torch.Tensor]:
+    """What verl's engine returns for `td`: its per-token log-probs and the top-k hook's outputs (`topk_outputs`, on
+    the temperature-scaled logits of the padded layout)."""
+    from rpg import topk_hook
+
+    offsets = td["input_ids"].offsets()
+    values = td["input_ids"].values()
+    padded = td["input_ids"].to_padded_tensor(0)  # right padding: the real rows never attend to it (causal)
+    args = {"temperature_is_one": False, "temperature": torch.full((padded.shape[0],), TOPK_TEMPERATURE),
+            "input_ids_rmpad_rolled": torch.roll(values, -1)}  # fmt: skip
+    output = SimpleNamespace(logits=model(input_ids=padded).logits.float())
+    out = topk_hook.topk_outputs(output, args, td)
+    logits, labels = topk_hook.packed_logits(output, args, td)
+    out["log_probs"] = torch.log_softmax(logits, -1).gather(-1, labels[:, None]).squeeze(-1)
+    assert out["log_probs"].shape == (int(offsets[-1]),)
+    return out
+
+
+def _verl_log_prob_pass(model: torch.nn.Module):
+    """verl's ``compute_log_prob``/``compute_ref_log_prob`` as the patch points see it: the pass runs under the
+    engine's ``disable_adapter()`` when the batch still carries ``no_lora_adapter`` (engine_workers.py infer_batch)."""
+
+    def call(self, data):
+        from verl.utils import tensordict_utils as tu
+
+        adapter_off = bool(tu.get_non_tensor_data(data=data, key=lora.NO_LORA_ADAPTER, default=False))
+        with torch.no_grad(), (model.disable_adapter() if adapter_off else contextlib.nullcontext()):
+            return _engine_outputs(model, data)
+
+    return call
+
+
+def _chain(attribute: str, original, installs=None):
+    """The patch point's wrapper chain (rpg.patches: the row's pieces in its order, outermost first) around
+    `original`, with the pieces of topk_kl and worker_hooks (read now, so a monkeypatched piece is the one run)."""
+    from rpg import patches, topk_hook
+
+    (point,) = [p for p in patches.POINTS if p.module == patches.WORKERS and p.attribute == attribute]
+    if installs is not None:
+        point = dataclasses.replace(point, installs=installs)
+    patch = patches.Patch(point, original)
+    for name, module in ((patches.TOPK_KL, topk_hook), (patches.WORKER_HOOKS, hooks)):
+        if name in point.installs:
+            patch.set(name, module.PIECES[attribute])
+    return patch.call
+
+
+def _topk_worker(model: torch.nn.Module, lora_rank: int, snapshot: lora.AdapterSnapshot = None) -> _Worker:
+    worker = _Worker(model, "periodic", lora_rank=lora_rank)
+    worker.config.actor.policy_loss = TOPK_LOSS
+    if snapshot is not None:  # the LoRA state the hooks build on first use, holding the test's snapshot
+        state = lora.LoraPeriodicReference(written.RefreshSchedule(every_steps=2), worker.actor)
+        state.snapshot = snapshot
+        worker._rpg_reference = state
+    return worker
+
+
+def _topk_terms(trained, installs=None) -> tuple[dict, dict]:
+    """The reference's top-k outputs of both paths on the same batch: (LoRA: verl's reference pass of a LoRA run,
+    compute_log_prob with no_lora_adapter through both pieces; full weights: compute_ref_log_prob of a reference
+    model holding the merged snapshot)."""
+    lora_worker = _topk_worker(trained.model, R, trained.snapshot)
+    lora_pass = _chain("compute_log_prob", _verl_log_prob_pass(trained.model), installs)
+    full_worker = _topk_worker(trained.merged, 0)
+    full_pass = _chain("compute_ref_log_prob", _verl_log_prob_pass(trained.merged))
+    return lora_pass(lora_worker, _topk_batch(True)), full_pass(full_worker, _topk_batch(False))
+
+
+def _update_terms(trained, support: dict) -> dict[str, torch.Tensor]:
+    """The update's top-k outputs (the KL with the bucket tail, 1[y ∈ S]) of the policy's logits at `support`."""
+    from verl.utils import tensordict_utils as tu
+
+    from rpg import topk_hook
+
+    td = _topk_batch(False)
+    td[topk_hook.IDS], td[topk_hook.LOG_PROBS] = support[topk_hook.IDS], support[topk_hook.LOG_PROBS]
+    tu.assign_non_tensor(td, **{topk_hook.TRAIN: topk_hook.TopKUpdate("reverse", TOPK_LOSS["kl_topk_tail"])})
+    with torch.no_grad():
+        return _engine_outputs(trained.model, td)
+
+
+def _topk_gap(trained, installs=None) -> float:
+    """max over the top-k terms of |LoRA path − full-weight path| (inf when the supports differ or one is missing):
+    the support ids, the reference's log-probs on it, its tail mass, verl's log-probs, and the update's KL and
+    1[y ∈ S] at each support."""
+    from rpg import topk_hook
+
+    lora_out, full_out = _topk_terms(trained, installs)
+    if topk_hook.IDS not in lora_out:
+        return float("inf")  # no support selected in the reference's pass
+    if not torch.equal(lora_out[topk_hook.IDS].values(), full_out[topk_hook.IDS].values()):
+        return float("inf")
+    lp_lora, lp_full = lora_out[topk_hook.LOG_PROBS].values(), full_out[topk_hook.LOG_PROBS].values()
+    tail = lambda lp: 1 - lp.exp().sum(-1)  # noqa: E731 -- the reference's tail mass q_T (rpg.topk_kl, bucket tail)
+    update_lora, update_full = _update_terms(trained, lora_out), _update_terms(trained, full_out)
+    pairs = [(lp_lora, lp_full), (tail(lp_lora), tail(lp_full)), (lora_out["log_probs"], full_out["log_probs"]),
+             *((update_lora[key].values(), update_full[key].values()) for key in (topk_hook.KL, topk_hook.IN_SUPPORT))]
+    return max(float((a - b).abs().max()) for a, b in pairs)
+
+
+def test_the_topk_terms_of_the_lora_reference_pass_are_the_full_weight_paths(trained):
+    """The top-k KL under LoRA (docs/reference-modes.md#lora): verl's reference pass of a LoRA periodic run (through the
+    patch point's pieces in their order) selects the support, and gives the reference's log-probs on it, its tail
+    and the update's KL, of the non-LoRA path whose reference model holds the merged snapshot: fp32, within 1e-6."""
+    from rpg import topk_hook
+
+    assert trained.b_norm > 1e-3  # B ≠ 0: the snapshot is not the base
+    assert _topk_gap(trained) < 1e-6
+    lora_out, _ = _topk_terms(trained)
+    policy_worker = _topk_worker(trained.model, R, trained.snapshot)
+    policy_pass = _chain("compute_ref_log_prob", _verl_log_prob_pass(trained.model))  # π_θ's own support: apart
+    own = policy_pass(policy_worker, _topk_batch(False))
+    gap = (own[topk_hook.LOG_PROBS].values() - lora_out[topk_hook.LOG_PROBS].values()).abs().max()
+    assert float(gap) > 1e-4 and 0 < float(1 - lora_out[topk_hook.LOG_PROBS].values().exp().sum(-1).min()) < 1
+    assert all(torch.equal(p, trained.policy[n]) for n, p in _adapter(trained.model).items())  # restored
+
+
+def test_mutant_the_topk_support_of_the_adapter_free_base_fails(trained, monkeypatch):
+    """Mutant: verl's reference pass runs as verl runs it without rpg's piece (the adapter disabled: the base), so the
+    support and its log-probs are the base's."""
+    monkeypatch.setitem(hooks.PIECES, "compute_log_prob", lambda call, self, data, *a, **k: call(self, data, *a, **k))
+    assert _topk_gap(trained) > 1e-4
+
+
+@pytest.mark.parametrize("mutant", ["pass_of", "order"])
+def test_mutant_the_flagged_pass_taken_for_pi_olds_fails(trained, monkeypatch, mutant):
+    """Mutants: the top-k piece takes verl's flagged reference pass for π_old's (``pass_of`` ignores the flag; or the
+    worker hooks' piece runs first and takes the flag out before the top-k piece reads it): no support is selected
+    in the reference's pass."""
+    from rpg import patches, topk_hook
+
+    if mutant == "pass_of":
+        monkeypatch.setattr(topk_hook, "pass_of", lambda method, data: method)
+        assert _topk_gap(trained) == float("inf")
+    else:
+        assert _topk_gap(trained, installs=(patches.WORKER_HOOKS, patches.TOPK_KL)) == float("inf")
