@@ -29,7 +29,8 @@ undone in a process: the CPU platform's shims (`rpg.cpu.platform`: verl's ``init
 (`rpg.cpu.vllm_compat`: vLLM's objects, not verl's). They run at ``import verl`` before any RPG name is read, as a
 platform rather than a feature: a CPU process needs them whatever it installs, and a GPU process never loads them.
 
-A new patch point (e.g. LoRA's reference pass) is one row here plus the piece in its name's module.
+A new patch point is one row here plus the piece in its name's module (LoRA's reference pass, for instance, is a
+piece of ``worker_hooks`` on the existing ``compute_log_prob`` row).
 """
 
 from __future__ import annotations
@@ -116,8 +117,10 @@ POINTS = (
     Point(WORKERS, "", "ppo_loss", PPO_LOSS, (REF_LOG_PROB, TOPK_KL), frame=micro_batch.opened),
     # one training step: the per-mode worker state (β, reference refresh) and the top-k update's request
     Point(WORKERS, WORKER, "update_actor", WORKER_DATA, (WORKER_HOOKS, TOPK_KL)),
-    # the log-prob passes: the top-k support is selected in the pass of the KL's reference
-    Point(WORKERS, WORKER, "compute_log_prob", WORKER_DATA, (TOPK_KL,)),
+    # the log-prob passes: the top-k support is selected in the pass of the KL's reference; in a LoRA run verl's
+    # reference pass is compute_log_prob with no_lora_adapter=True, where the periodic reference swaps its adapter
+    # snapshot in (the top-k piece runs first: it reads the flag the worker hooks' piece takes out)
+    Point(WORKERS, WORKER, "compute_log_prob", WORKER_DATA, (TOPK_KL, WORKER_HOOKS)),
     Point(WORKERS, WORKER, "compute_ref_log_prob", WORKER_DATA, (TOPK_KL,)),
     # the worker state's own files next to verl's actor checkpoint
     Point(WORKERS, WORKER, "save_checkpoint", SAVE, (WORKER_HOOKS,)),

@@ -18,7 +18,9 @@ for ``RPG_INSTALL=topk_kl``:
 * ``ActorRolloutRefWorker.compute_log_prob`` / ``compute_ref_log_prob`` / ``update_actor``: they set `SELECT` in the
   pass of the KL's reference (π_old's for the iterative reference, π_ref's for frozen/periodic/EMA and for
   ``grpo_wk3``: the settings' ``needs_ref_log_prob``) and `TRAIN` in the update, from the worker's own policy-loss
-  settings; a pass-through otherwise;
+  settings; a pass-through otherwise. In a LoRA run verl's reference pass is ``compute_log_prob`` with
+  ``no_lora_adapter=True`` (`rpg.reference.lora.reference_pass_flag`): that call is the reference's pass here
+  (docs/reference-modes.md#lora);
 * verl's ``ppo_loss`` (both bindings, as `rpg.reference.adapter`): pads `KL`/`IN_SUPPORT` to the response layout and
   puts them in the call's micro-batch record (`rpg.reference.micro_batch`) for the RPG loss of the call (`current`).
 
@@ -38,6 +40,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import torch
 
 from rpg import modes, topk_kl
+from rpg.reference.lora import reference_pass_flag
 from rpg.reference.micro_batch import current as current_micro_batch
 
 __all__ = ["PIECES", "TopKTerms", "TopKUpdate", "current", "request_for"]
@@ -48,6 +51,7 @@ SELECT, TRAIN = "rpg_topk_select", "rpg_topk_train"  # non-tensor keys of the ba
 IDS, LOG_PROBS = "rpg_topk_ids", "rpg_topk_log_probs"  # batch fields: the support, nested (seq, pos, k)
 KL, IN_SUPPORT = "rpg_topk_kl", "rpg_topk_in_support"  # model outputs of the update, per token
 SHARE = tuple(f"rpg_topk_share_{name}" for name in ("sum_a", "sum_aa", "sum_ap", "sum_pp", "sum_sq"))  # float64
+REFERENCE_PASS = "compute_ref_log_prob"  # the worker method of the reference's pass (the actor's own in a LoRA run)
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ def request_for(settings: Any, method: str) -> Optional[tuple[str, Any]]:
     if method == "update_actor":
         direction = "reverse" if settings.spec.divergence.reverse else "forward"
         return TRAIN, TopKUpdate(direction, settings.kl_topk_tail)
-    if (method == "compute_ref_log_prob") == reference_model:
+    if (method == REFERENCE_PASS) == reference_model:
         return SELECT, int(settings.kl_topk)
     return None
 
@@ -115,11 +119,17 @@ def _mark(data: Any, key: str, value: Any) -> None:
         tu.assign_non_tensor(data, **{key: value})
 
 
+def pass_of(method: str, data: Any) -> str:
+    """The pass a call of the worker's `method` is: verl's reference pass of a LoRA run is a ``compute_log_prob``
+    whose batch carries ``no_lora_adapter=True`` (`rpg.reference.lora.reference_pass_flag`)."""
+    return REFERENCE_PASS if method == "compute_log_prob" and reference_pass_flag(data) else method
+
+
 def _requesting(method: str) -> Callable:
     """The piece of the worker's `method`: the batch carries what `request_for` says, then verl's method runs."""
 
     def piece(call: Callable, self, data, *args, **kwargs):
-        request = request_for(_settings(self), method)
+        request = request_for(_settings(self), pass_of(method, data))
         if request is not None:
             _mark(data, *request)
         return call(self, data, *args, **kwargs)

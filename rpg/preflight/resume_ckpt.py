@@ -21,9 +21,15 @@ ranks live) and modes:
   (torch.distributed.checkpoint's `.metadata`) when that state says they were saved; `actor/rpg_kl_control.json`
   (β's state) for `kl_control=adaptive`.
 
-`problem(config)` names what is missing and the override that resumes from the newest complete checkpoint of the
-folder (or `trainer.resume_mode=disable`), None when the resume is complete or there is nothing to resume. A launch
-with `RAY_ADDRESS` whose checkpoint folder is not visible here is not checked (the TaskRunner reads it elsewhere).
+The reference's state is also read for what the worker would refuse at load (`rpg.reference.written`,
+docs/reference-modes.md#lora): a state saved with the LoRA adapter snapshot (``lora_snapshot``) resumed by a run
+without LoRA, or the reverse (`rpg.preflight.lora_config`: verl's reading of the run's LoRA settings), and a LoRA
+state without the snapshot (``has_ref_weights`` false: resuming would take the policy's adapter as the reference).
+
+`problem(config)` names what is missing or refused and the override that resumes from the newest complete checkpoint
+of the folder (or `trainer.resume_mode=disable`), None when the resume is complete or there is nothing to resume. A
+launch with `RAY_ADDRESS` whose checkpoint folder is not visible here is not checked (the TaskRunner reads it
+elsewhere).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rpg import modes
+from rpg.preflight.lora_config import lora_settings
 from rpg.reference import adaptive_kl, written
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl: checkpoint_manager.get_checkpoint_tracker_filename
@@ -69,7 +76,8 @@ def expected(config: Any, step_dir: Path) -> list[tuple[str, str]]:
     if reference.writes_reference:
         pieces.append((REFERENCE_STATE, f"the {reference.name} reference's state"))
         if _saved_reference_weights(step_dir / REFERENCE_STATE):
-            pieces.append((REFERENCE_WEIGHTS, f"the {reference.name} reference's weights"))
+            weights = "LoRA adapter snapshot" if lora_settings(config).enabled else "weights"
+            pieces.append((REFERENCE_WEIGHTS, f"the {reference.name} reference's {weights}"))
     if control.moves_beta:
         pieces.append((KL_CONTROL, f"the {control.name} β controller's state"))
     return pieces
@@ -92,15 +100,51 @@ def _needs_critic(config: Any) -> bool:
     return bool(enable) if enable is not None else str(config.algorithm.get("adv_estimator", "")) == "gae"
 
 
-def _saved_reference_weights(state: Path) -> bool:
+def _reference_state(state: Path) -> Optional[dict]:
+    """The reference's saved state, None when absent or unreadable (the missing file is reported by `missing`; the
+    worker refuses a corrupt one, naming it)."""
     try:
-        return bool(json.loads(state.read_text()).get(written.HAS_REF_WEIGHTS, False))
-    except (OSError, ValueError, AttributeError):
-        return False  # absent or unreadable: the state file itself is reported (rpg.reference refuses a corrupt one)
+        payload = json.loads(state.read_text())
+    except (OSError, ValueError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def _saved_reference_weights(state: Path) -> bool:
+    return bool((_reference_state(state) or {}).get(written.HAS_REF_WEIGHTS, False))
 
 
 def missing(config: Any, step_dir: Path) -> list[tuple[str, str]]:
     return [(rel, what) for rel, what in expected(config, step_dir) if not (step_dir / rel).exists()]
+
+
+def refused_reference(config: Any, step_dir: Path) -> Optional[str]:
+    """Why the worker would refuse the reference state of `step_dir` for this run at load (`rpg.reference.written`):
+    saved with or without the LoRA adapter snapshot against the run's LoRA setting, or a LoRA state without the
+    snapshot; None when it loads (or the run writes no reference, or the state is absent: `missing` names it)."""
+    reference = modes.selected(_policy_loss(config))[0]
+    path = step_dir / REFERENCE_STATE
+    state = _reference_state(path) if reference.writes_reference else None
+    if state is None:
+        return None
+    lora = lora_settings(config).enabled
+    saved_lora = state.get(written.LORA_SNAPSHOT, False) is True  # files from before the LoRA reference: False
+    if saved_lora != lora:
+        saved, run = ("with", "without") if saved_lora else ("without", "with")
+        fix = ("actor_rollout_ref.model.lora_rank (or lora.rank) > 0" if saved_lora
+               else "actor_rollout_ref.model.lora_rank=0, no lora.rank and no lora_adapter_path")
+        return (
+            f"{path} says {written.LORA_SNAPSHOT}={json.dumps(saved_lora)}: it was saved {saved} LoRA and this run is "
+            f"{run} it (its reference is {'an adapter snapshot' if saved_lora else 'a full model'} there). Resume "
+            f"with the LoRA setting it was saved with ({fix})"
+        )
+    if lora and state.get(written.HAS_REF_WEIGHTS) is not True:
+        return (
+            f"{path} says {written.HAS_REF_WEIGHTS}={json.dumps(state.get(written.HAS_REF_WEIGHTS))}: no adapter "
+            f"snapshot of the {reference.name} reference was saved, and resuming would take the policy's adapter as "
+            "the reference"
+        )
+    return None
 
 
 def resume_target(config: Any) -> Optional[Path]:
@@ -121,10 +165,10 @@ def resume_target(config: Any) -> Optional[Path]:
 
 
 def complete_checkpoints(config: Any, folder: Path) -> list[Path]:
-    """The complete global_step_N folders of `folder`, newest first."""
+    """The complete global_step_N folders of `folder` (nothing missing, nothing the worker refuses), newest first."""
     numbered = ((STEP_DIR.match(p.name), p) for p in folder.iterdir() if p.is_dir())
     steps = sorted(((int(m.group(1)), p) for m, p in numbered if m), reverse=True)
-    return [p for _, p in steps if not missing(config, p)]
+    return [p for _, p in steps if not missing(config, p) and not refused_reference(config, p)]
 
 
 def _saved_world_sizes(actor: Path) -> list[int]:
@@ -139,16 +183,22 @@ def problem(config: Any) -> Optional[str]:
     if target is None or not target.is_dir():  # nothing to resume, or a path rpg.preflight.inputs reports
         return None
     gone = missing(config, target)
-    if not gone:
+    refused = None if gone else refused_reference(config, target)
+    if not gone and not refused:
         return None
     w = world_size(config)
-    names = ", ".join(f"{rel} ({what})" for rel, what in gone[:SHOWN])
-    more = f" and {len(gone) - SHOWN} more" if len(gone) > SHOWN else ""
-    lines = [
-        f"the checkpoint this launch would resume from (trainer.resume_mode={config.trainer.resume_mode}) is "
-        f"incomplete: {target} lacks {names}{more}. verl would find this only after Ray, the workers and the "
-        "model had started (a kill mid-save, a full disk or a node-local disk leaves such a folder)."
-    ]
+    mode = f"trainer.resume_mode={config.trainer.resume_mode}"
+    if refused:
+        lines = [f"the checkpoint this launch would resume from ({mode}) cannot be resumed by this run (its worker "
+                 f"would refuse it only after Ray, the workers and the model had started): {refused}."]
+    else:
+        names = ", ".join(f"{rel} ({what})" for rel, what in gone[:SHOWN])
+        more = f" and {len(gone) - SHOWN} more" if len(gone) > SHOWN else ""
+        lines = [
+            f"the checkpoint this launch would resume from ({mode}) is incomplete: {target} lacks {names}{more}. verl "
+            "would find this only after Ray, the workers and the model had started (a kill mid-save, a full disk or a "
+            "node-local disk leaves such a folder)."
+        ]
     saved = _saved_world_sizes(target / ACTOR)
     if saved and w not in saved:
         lines.append(f"Its actor shards were saved by {' or '.join(map(str, saved))} ranks and this run has {w} "
@@ -156,7 +206,7 @@ def problem(config: Any) -> Optional[str]:
     earlier = [p for p in complete_checkpoints(config, target.parent) if p != target]
     if earlier:
         lines.append(f"Resume from the newest complete checkpoint instead: add trainer.resume_mode=resume_path "
-                     f"trainer.resume_from_path={earlier[0]} (the incomplete folder is left as it is).")
+                     f"trainer.resume_from_path={earlier[0]} (this folder is left as it is).")
     else:
         lines.append(f"No complete checkpoint is in {target.parent}: start the run over with "
                      "trainer.resume_mode=disable (or another CKPTS_DIR).")

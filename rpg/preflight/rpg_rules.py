@@ -13,7 +13,9 @@ from rpg import modes
 from rpg.kl_aggregation import rule_kl_aggregation
 from rpg.loss_table import ADDON, LOSSES, RPG_POLICY_LOSS_TARGETS, VERL_CLIP_FIELDS, clip_fields
 from rpg.preflight.compose import RecipeConfigError
+from rpg.preflight.lora_config import LoraSettings, lora_settings
 from rpg.preflight.topk_rules import rule_topk_engine
+from rpg.reference.lora_modes import lora_reference
 
 
 def check_registered(config: DictConfig) -> None:
@@ -134,24 +136,34 @@ def _rule_periodic_not_separate_async(config: DictConfig, settings) -> Optional[
     )
 
 
+def lora_what(lora: LoraSettings) -> str:
+    """The overrides that make a run a LoRA run, for messages."""
+    what = [f"{lora.rank_setting}={lora.rank}"] if lora.rank > 0 else []
+    if lora.adapter_path is not None:
+        what.append(f"actor_rollout_ref.model.lora_adapter_path={lora.adapter_path}")
+    return " and ".join(what)
+
+
 def _rule_written_reference_engine(config: DictConfig, settings) -> Optional[str]:
-    """periodic/ema write the reference engine's weights from the actor's in the actor's process: verl's fused
-    actor+reference worker with FSDP engines (no LoRA: a LoRA reference is the adapter-free actor, no engine of its
-    own); ema also needs the reference stored in fp32 (the blend is in place)."""
+    """periodic/ema write the reference's weights in the actor's process: verl's fused actor+reference worker with
+    FSDP engines, or, under LoRA, the snapshot of the actor's adapter (periodic; ema refused,
+    `rpg.reference.lora_modes`, docs/reference-modes.md#lora); ema also needs the reference stored in fp32 (the blend
+    is in place)."""
     row = modes.reference(settings.reference)
     if not row.writes_reference:
         return None
     arr, problems = config.actor_rollout_ref, []
-    strategies = {role: str(arr[role].get("strategy", "fsdp2")) for role in ("actor", "ref")}
+    lora = lora_settings(config)
+    roles = ("actor",) if lora.enabled else ("actor", "ref")  # a LoRA run has no reference engine
+    strategies = {role: str(arr[role].get("strategy", "fsdp2")) for role in roles}
     bad = [f"actor_rollout_ref.{r}.strategy={v}" for r, v in strategies.items() if v not in ("fsdp", "fsdp2")]
     if bad:
         problems.append(f"{' and '.join(bad)} (the weight copy/blend works on FSDP engines only: fsdp2)")
-    lora = int((arr.get("model", None) or {}).get("lora_rank", 0) or 0)
-    if lora > 0:
-        problems.append(f"actor_rollout_ref.model.lora_rank={lora} (a LoRA run has no reference engine: its reference "
-                        f"is the adapter-free actor; set lora_rank=0 or reference=frozen)")
+    refusal = lora_reference(row.name).refusal if lora.enabled else ""
+    if refusal:
+        problems.append(f"LoRA ({lora_what(lora)}): {refusal}")
     dtype = str(((arr.ref.get("fsdp_config", None) or {}).get("model_dtype", None)) or "fp32")
-    if row.fp32_reference and dtype not in ("fp32", "float32"):
+    if row.fp32_reference and not lora.enabled and dtype not in ("fp32", "float32"):
         problems.append(f"actor_rollout_ref.ref.fsdp_config.model_dtype={dtype} (the EMA blend is done in place on "
                         f"the reference's shards and needs fp32 storage: a bf16 blend at τ≈0.99 never moves; set "
                         f"fp32)")
@@ -207,11 +219,12 @@ def validate_rpg(config: DictConfig, policy_loss: Any):
     * `reference` frozen/periodic, or a loss that needs a reference (`grpo_wk3`) ⇒ `use_kl_loss=True` and
       `kl_loss_coef=0` (verl builds the reference model and ships `ref_log_prob`, but adds nothing itself);
     * `reference=periodic|ema` or `kl_control=adaptive` ⇒ not `trainer.v1.trainer_mode=separate_async` (untested);
-    * `reference=periodic|ema` ⇒ FSDP engines and no LoRA (the fused worker's reference engine); `ema` ⇒ the
-      reference stored in fp32;
+    * `reference=periodic|ema` ⇒ FSDP engines (the fused worker's reference engine, or under LoRA the snapshot of
+      the actor's adapter); `ema` ⇒ no LoRA (`rpg.reference.lora_modes.EMA_REFUSAL`) and the reference stored in
+      fp32;
     * no `algorithm.kl_ctrl.type=adaptive` (ignored by RPG runs; the pointer to `policy_loss.kl_control=adaptive`);
     * an aggregation that keeps the KL exact (`rpg.kl_aggregation`);
-    * `kl_estimator=topk` ⇒ no fused kernels, pad_to_length, Ulysses SP, LoRA, distillation, bypass mode with the
+    * `kl_estimator=topk` ⇒ no fused kernels, pad_to_length, Ulysses SP, distillation, bypass mode with the
       iterative reference, legacy or separate_async trainer; `kl_topk` ≤ the vocabulary (`rpg.preflight.topk_rules`);
     """
     from rpg.loss_config import clip_errors  # imports verl's config classes

@@ -49,11 +49,8 @@ def topk_engine_errors(config: DictConfig, settings: Any) -> list[str]:
     if strategy not in ("fsdp", "fsdp2"):
         out.append(f"actor_rollout_ref.actor.strategy={strategy} cannot run with {what}: the hook wraps verl's FSDP "
                    "engine (FSDPEngineWithLMHead.prepare_model_outputs). Use strategy=fsdp2")
-    lora = int((arr.get("model", None) or {}).get("lora_rank", 0) or 0)
-    if lora > 0:
-        out.append(f"actor_rollout_ref.model.lora_rank={lora} cannot run with {what}: a LoRA run computes the "
-                   "reference log-probs in the actor's log-prob pass, where the hook would select the support twice "
-                   "(untested). Set lora_rank=0")
+    # LoRA runs: verl's reference pass is the actor's compute_log_prob with no_lora_adapter=True, which the hook
+    # treats as the reference's pass (rpg.topk_hook.pass_of; docs/reference-modes.md#lora)
     distillation = config.get("distillation", None) or {}
     if bool(distillation.get("enabled", False)):
         out.append(f"distillation.enabled=True cannot run with {what}: verl's distillation owns the same logits hook "

@@ -14,6 +14,11 @@ the runtime of the rows of the run-mode table `rpg.modes` (docs/reference-modes.
   fp32 blend of each rank's own reference shards.
 * ``kl_control='adaptive'`` (any mode): β follows Ziegler et al.'s proportional controller.
 
+Under LoRA (docs/reference-modes.md#lora; `rpg.reference.lora_modes`) verl has no reference engine: it computes the
+reference in the actor with the adapter disabled. ``iterative`` is unchanged, ``frozen`` is that adapter-free base,
+``periodic`` is a snapshot of the policy's adapter swapped in for verl's reference pass (`rpg.reference.lora`), and
+``ema`` is refused (a blend of the LoRA factors is not the EMA of the weights; the exact one needs a full-size ΔW).
+
 Cost: ``frozen``/``periodic``/``ema`` keep a second copy of the weights (the reference engine; verl shards/offloads it
 like the actor's parameters, without optimizer state) and run one extra forward pass per training step (verl's
 ``compute_ref_log_prob``). A ``periodic`` refresh copies the actor's parameter shards into the reference's (a memory
@@ -28,6 +33,8 @@ One module per job (none is imported by this package's ``__init__``):
 * `rpg.reference.weights` — the weight copy and the EMA blend on each rank's shards;
 * `rpg.reference.written`, `rpg.reference.periodic`, `rpg.reference.ema`, `rpg.reference.adaptive_kl` — the per-mode
   state in verl's worker (schedule, write, metrics, checkpoint);
+* `rpg.reference.lora_modes` (what each mode is under LoRA, pure) and `rpg.reference.lora` (the adapter snapshot and
+  the periodic reference's LoRA state);
 * `rpg.reference.hooks` — the hooks on ``ActorRolloutRefWorker`` that build and drive those states.
 
 When verl is patched: only when a run asks for it, and only by `rpg.install`, the one installation point (through the

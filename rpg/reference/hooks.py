@@ -1,7 +1,7 @@
 """The worker hooks: the per-mode state of the run-mode table (`rpg.modes`) inside verl's fused
 actor+reference worker, for every row with ``worker_state`` (periodic, ema, adaptive).
 
-verl has no hook for this, so this module's pieces (`PIECES`) run in three methods of
+verl has no hook for this, so this module's pieces (`PIECES`) run in four methods of
 ``verl.workers.engine_workers.ActorRolloutRefWorker``, hooked by the table of patch points (`rpg.patches`, with its
 version and signature guards) for ``RPG_INSTALL=worker_hooks``; each piece is a pass-through unless the worker's own
 config selects a row with worker state, whose state class (`STATES`) it builds on first use:
@@ -11,6 +11,9 @@ config selects a row with worker state, whose state class (`STATES`) it builds o
   reference KL the ``ppo_loss`` adapter measures, the loss's KL, the step's β), all-reduces the step's four sums at
   once, then calls each state's ``end_step`` (refresh or blend the reference, update β) and adds their metrics
   (``actor/rpg/<name>``, the row's ``metrics``) to verl's;
+* ``compute_log_prob``: in a LoRA run verl's reference pass is this call with ``no_lora_adapter=True``; for the
+  periodic reference it runs with the snapshot of the policy's adapter in place of the adapter
+  (`rpg.reference.lora.LoraPeriodicReference.reference_pass`, docs/reference-modes.md#lora); a pass-through otherwise;
 * ``save_checkpoint``/``load_checkpoint``: each state saves/loads its own files next to verl's actor checkpoint
   (`rpg.reference.written`, `rpg.reference.adaptive_kl`), loading *before* verl's own load, which may delete the local
   checkpoint.
@@ -21,9 +24,11 @@ worker instance at call time; `rpg.install` hooks them at ``import verl`` in eve
 ``worker_hooks`` (through the plugin entry point), before any worker exists.
 
 Limits (clear errors, not silent): a mode that writes the reference needs the reference engine in the actor's process
-(verl's fused ``actor_rollout_ref`` role, i.e. the default hybrid engine without LoRA); the weight copy goes through
-torch's distributed state-dict API (FSDP2 and plain modules are tested on CPU; FSDP1 is expected to work but untested
-here; Megatron and other engines raise). HDFS checkpoint copies (``default_hdfs_dir``) do not include its files.
+(verl's fused ``actor_rollout_ref`` role, i.e. the default hybrid engine), or, in a LoRA run, the actor's adapter
+(`LORA_STATES`: periodic; ema is refused with its reason, `rpg.reference.lora_modes.EMA_REFUSAL`); the weight copy goes
+through torch's distributed state-dict API (FSDP2 and plain modules are tested on CPU; FSDP1 is expected to work but
+untested here; Megatron and other engines raise). HDFS checkpoint copies (``default_hdfs_dir``) do not include its
+files.
 """
 
 from __future__ import annotations
@@ -33,8 +38,11 @@ from typing import Any, Callable
 from tensordict import TensorDict
 
 from rpg import modes
+from rpg.preflight.lora_config import lora_settings
 from rpg.reference.adaptive_kl import AdaptiveBeta
 from rpg.reference.ema import EmaReference
+from rpg.reference.lora import LoraPeriodicReference, pop_reference_pass_flag, reference_pass_flag
+from rpg.reference.lora_modes import lora_reference
 from rpg.reference.periodic import PeriodicReference
 from rpg.reference.ranks import all_reduce_sum
 from rpg.reference.step import TrainingStep, running
@@ -44,6 +52,8 @@ __all__ = ["PIECES", "STATES", "worker_states"]
 METRIC_PREFIX = "actor/rpg/"
 #: the state class of every row with worker state (tests/reference/test_modes_on_cpu.py: one per such row)
 STATES: dict[str, type] = {cls.row.name: cls for cls in (PeriodicReference, EmaReference, AdaptiveBeta)}
+#: the state class, in a LoRA run, of every row that writes the reference and runs with LoRA (rpg.reference.lora_modes)
+LORA_STATES: dict[str, type] = {cls.row.name: cls for cls in (LoraPeriodicReference,)}
 #: the worker attribute that caches each setting's state (None: the row has none)
 ATTRIBUTES = {"reference": "_rpg_reference", "kl_control": "_rpg_kl_control"}
 
@@ -63,17 +73,33 @@ def _state(worker: Any, row: modes.Mode) -> Any:
     if row.worker_state and getattr(worker, "actor", None) is not None:
         from rpg.loss_config import rpg_settings  # imports verl: not while verl loads this module (rpg.patches)
 
-        if row.writes_reference and getattr(worker, "ref", None) is None:
+        settings = rpg_settings(worker.config.actor)
+        if row.writes_reference and _lora_run(worker):
+            state = _lora_state(row).from_settings(settings, worker.actor)
+        elif row.writes_reference and getattr(worker, "ref", None) is None:
             raise ValueError(
                 f"reference={row.name!r} writes the reference model in the actor's process, but this actor worker "
                 f"(role={getattr(worker, 'role', '?')!r}) holds no reference model. It needs verl's fused "
-                "'actor_rollout_ref' worker: set actor_rollout_ref.actor.use_kl_loss=True (kl_loss_coef=0), no LoRA "
-                "(a LoRA reference is the adapter-free actor), and the hybrid engine (trainer.v1.trainer_mode=sync)."
+                "'actor_rollout_ref' worker: set actor_rollout_ref.actor.use_kl_loss=True (kl_loss_coef=0) and the "
+                "hybrid engine (trainer.v1.trainer_mode=sync)."
             )
-        settings = rpg_settings(worker.config.actor)
-        state = STATES[row.name].from_settings(settings, worker.actor, getattr(worker, "ref", None))
+        else:
+            state = STATES[row.name].from_settings(settings, worker.actor, getattr(worker, "ref", None))
     worker.__dict__[attribute] = state
     return state
+
+
+def _lora_run(worker: Any) -> bool:
+    """verl's ``ref_in_actor``: the worker's model has a LoRA adapter (`rpg.preflight.lora_config`)."""
+    return lora_settings({"actor_rollout_ref": worker.config}).enabled
+
+
+def _lora_state(row: modes.Mode) -> type:
+    """The LoRA state class of `row`; ValueError with the reason for a row that cannot run with LoRA."""
+    refusal = lora_reference(row.name).refusal
+    if refusal or row.name not in LORA_STATES:
+        raise ValueError(f"reference={row.name!r} cannot run with LoRA: {refusal or 'no LoRA state'}")
+    return LORA_STATES[row.name]
 
 
 def worker_states(worker: Any) -> list:
@@ -122,6 +148,21 @@ def _add_metrics(output: TensorDict, metrics: dict) -> None:
     tu.assign_non_tensor(output, metrics=merged)
 
 
+def compute_log_prob(call: Callable, self, data, *args, **kwargs):
+    """The piece of ``compute_log_prob``: verl's reference pass of a LoRA run (``no_lora_adapter=True``) with the
+    snapshot of the policy's adapter when the reference is a LoRA snapshot (the flag removed, so that verl keeps the
+    adapter on; the policy's adapter restored after the call); any other call unchanged."""
+    pl = _policy_loss_cfg(self)
+    if pl is None or not reference_pass_flag(data):
+        return call(self, data, *args, **kwargs)
+    state = _state(self, modes.selected(pl)[0])  # the reference row's state
+    if not getattr(state, "lora_snapshot", False):
+        return call(self, data, *args, **kwargs)  # frozen: verl's adapter-free base
+    pop_reference_pass_flag(data)
+    with state.reference_pass():
+        return call(self, data, *args, **kwargs)
+
+
 def save_checkpoint(call: Callable, self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
     """The piece of ``save_checkpoint``: verl's save, then each state's files next to it."""
     result = call(self, local_path, hdfs_path, global_step, max_ckpt_to_keep)
@@ -140,4 +181,7 @@ def load_checkpoint(call: Callable, self, local_path, hdfs_path=None, del_local_
 
 
 #: the pieces of `rpg.patches` for ``RPG_INSTALL=worker_hooks`` (attribute -> piece)
-PIECES = {"update_actor": update_actor, "save_checkpoint": save_checkpoint, "load_checkpoint": load_checkpoint}
+PIECES = {
+    "update_actor": update_actor, "compute_log_prob": compute_log_prob, "save_checkpoint": save_checkpoint,
+    "load_checkpoint": load_checkpoint,
+}

@@ -9,8 +9,11 @@ history) and, once the reference has been written, ``rpg_reference/ref_model/`` 
 same reference and writes it at exactly the same steps as an uninterrupted one. They are read *before* verl's own
 load, which may delete the local checkpoint. A checkpoint without this state (saved with another reference mode), a
 corrupt state file or a non-finite KL average is refused, naming the file: silently restarting from the initial model
-would break the resume promise. The per-mode write, its SMOKE=1 check and its metrics are the subclasses'
-(`rpg.reference.periodic`, `rpg.reference.ema`).
+would break the resume promise; so is a state whose ``has_ref_weights`` names a ``ref_model/`` that is missing. The
+per-mode write, its SMOKE=1 check and its metrics are the subclasses' (`rpg.reference.periodic`, `rpg.reference.ema`,
+`rpg.reference.lora`). Under LoRA (`rpg.reference.lora.LoraPeriodicReference`) ``ref_model/`` holds the snapshot of
+the policy's adapter, ``state.json`` records ``lora_snapshot: true``, and a checkpoint without the snapshot is refused
+(never resumed from the policy's adapter); a LoRA state is never loaded into a full-weight run, nor the reverse.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ STATE_FILE = "state.json"
 REF_MODEL_DIR = "ref_model"
 REF_MODEL_INDEX = ".metadata"  # the index file torch.distributed.checkpoint writes into REF_MODEL_DIR
 HAS_REF_WEIGHTS = "has_ref_weights"  # the state's key: REF_MODEL_DIR was written
+LORA_SNAPSHOT = "lora_snapshot"  # the state's key: REF_MODEL_DIR holds a LoRA adapter snapshot (rpg.reference.lora)
 STATE_VERSION = 1
 
 
@@ -50,6 +54,7 @@ class WrittenReference:
     """
 
     row: modes.Mode
+    lora_snapshot = False  # the reference is a snapshot of the policy's LoRA adapter (rpg.reference.lora)
 
     def __init__(self, schedule: RefreshSchedule, actor: Any, ref: Any):
         self.schedule = schedule
@@ -92,7 +97,7 @@ class WrittenReference:
         written = self.schedule.update(ref_kl, self.optimizer_steps)
         self.last_write_s = 0.0
         if written:
-            actor, ref = engine_module(self.actor, "actor"), engine_module(self.ref, "reference")
+            actor, ref = self.modules()
             check = os.environ.get(modes.VERIFY_ENV) == "1"
             before = self.before_write(actor, ref) if check else None
             start = time.perf_counter()
@@ -101,6 +106,10 @@ class WrittenReference:
             if check:
                 self.verify(actor, ref, before)
         return self.metrics(written, ref_kl)
+
+    def modules(self) -> tuple[torch.nn.Module, Optional[torch.nn.Module]]:
+        """The actor's and the reference's torch modules (the LoRA snapshot has no reference module)."""
+        return engine_module(self.actor, "actor"), engine_module(self.ref, "reference")
 
     def before_write(self, actor: torch.nn.Module, ref: torch.nn.Module) -> Any:
         """What `verify` needs from before the write (the subclasses)."""
@@ -113,7 +122,7 @@ class WrittenReference:
     def save(self, local_path: str, global_step: int) -> None:
         """Write ``<local_path>/rpg_reference/{state.json, ref_model/}`` (all ranks call; rank 0 writes the JSON)."""
         root = os.path.join(local_path, STATE_DIR)
-        has_weights = self.schedule.refresh_count > 0
+        has_weights = self.has_ref_weights()
         if has_weights:
             self._save_ref_weights(os.path.join(root, REF_MODEL_DIR))
         if rank() == 0:
@@ -122,6 +131,7 @@ class WrittenReference:
                 "reference": self.mode,
                 "global_step": int(global_step),
                 HAS_REF_WEIGHTS: has_weights,
+                LORA_SNAPSHOT: self.lora_snapshot,
                 "schedule": self.schedule.state_dict(),
             }
             atomic_write_json(os.path.join(root, STATE_FILE), payload, indent=2, sort_keys=True)
@@ -158,22 +168,66 @@ class WrittenReference:
             has_weights = payload[HAS_REF_WEIGHTS]
             if not isinstance(has_weights, bool):
                 raise ValueError(f"{HAS_REF_WEIGHTS}={has_weights!r} must be true or false")
+            saved_lora = payload.get(LORA_SNAPSHOT, False)  # files of rpg-verl before the LoRA reference: none
+            if saved_lora is not self.lora_snapshot:
+                raise ValueError(
+                    f"saved {'with' if saved_lora else 'without'} LoRA ({LORA_SNAPSHOT}={saved_lora!r}), resumed "
+                    f"{'with' if self.lora_snapshot else 'without'} it: the reference is "
+                    f"{'an adapter snapshot' if saved_lora else 'a full model'} there. Resume with the LoRA settings "
+                    "it was trained with, or start a new run (trainer.resume_mode=disable)"
+                )
         except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
             raise ValueError(f"corrupt or mismatched {self.mode}-reference state {path}: {e}") from e
+        weights = os.path.join(root, REF_MODEL_DIR)
+        if self.lora_snapshot and not has_weights:
+            raise RuntimeError(
+                f"reference={self.mode!r} with LoRA cannot resume from {local_path}: {path} says no reference adapter "
+                "was saved, and resuming would silently take the policy's adapter as the reference. Start a new run "
+                "(trainer.resume_mode=disable) or resume from a checkpoint saved after the first training step"
+            )
+        if has_weights and not os.path.exists(os.path.join(weights, REF_MODEL_INDEX)):
+            what = "reference adapter snapshot" if self.lora_snapshot else "reference weights"
+            raise RuntimeError(
+                f"reference={self.mode!r} cannot resume from {local_path}: {path} says the {what} were saved, but "
+                f"{os.path.join(weights, REF_MODEL_INDEX)} is missing (an interrupted save or a partial copy); "
+                "resuming would silently use the wrong reference. Resume from an older complete checkpoint, or start "
+                "a new run (trainer.resume_mode=disable)"
+            )
         if has_weights:
-            self._load_ref_weights(os.path.join(root, REF_MODEL_DIR))
+            self._load_ref_weights(weights)
 
-    def _save_ref_weights(self, directory: str) -> None:
-        import torch.distributed.checkpoint as dcp
+    def has_ref_weights(self) -> bool:
+        """Whether the reference differs from what a fresh worker builds (it was written at least once)."""
+        return self.schedule.refresh_count > 0
+
+    def ref_state_dict(self) -> dict[str, Any]:
+        """What ``ref_model/`` holds: the reference engine's sharded state dict."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         module = engine_module(self.ref, "reference")
         reshard_fsdp2(module)
+        return get_model_state_dict(module)
+
+    def load_ref_state_dict(self, load: Any) -> None:
+        """Load ``ref_model/`` with `load(state)` (torch.distributed.checkpoint) into the reference engine."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        module = engine_module(self.ref, "reference")
+        reshard_fsdp2(module)
+        state = get_model_state_dict(module)
+        load(state)
+        with torch.no_grad():
+            set_model_state_dict(module, state)
+
+    def _save_ref_weights(self, directory: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        state = self.ref_state_dict()
         tmp = directory + ".tmp"
         if rank() == 0 and os.path.exists(tmp):
             shutil.rmtree(tmp)
         barrier()
-        dcp.save(get_model_state_dict(module), checkpoint_id=tmp, no_dist=not dist_ready())
+        dcp.save(state, checkpoint_id=tmp, no_dist=not dist_ready())
         barrier()
         if rank() == 0:  # atomic switch: the complete directory appears under its final name or not at all
             if os.path.exists(directory):
@@ -183,11 +237,5 @@ class WrittenReference:
 
     def _load_ref_weights(self, directory: str) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-        module = engine_module(self.ref, "reference")
-        reshard_fsdp2(module)
-        state = get_model_state_dict(module)
-        dcp.load(state, checkpoint_id=directory, no_dist=not dist_ready())
-        with torch.no_grad():
-            set_model_state_dict(module, state)
+        self.load_ref_state_dict(lambda state: dcp.load(state, checkpoint_id=directory, no_dist=not dist_ready()))

@@ -1,7 +1,9 @@
 """A resume that cannot fail late (rpg/preflight/resume_ckpt.py): the checkpoint a launch would resume from is checked
-before Ray for every file verl 0.9.1 and rpg write for the run's world size and modes. Checkpoint folders are
-fabricated with the file names verl's FSDPCheckpointManager and rpg.reference.periodic write (named here literally,
-not from the module under test); the launcher's hook is tested in tests/recipes/test_launch_inputs_on_cpu.py."""
+before Ray for every file verl 0.9.1 and rpg write for the run's world size and modes, and for a reference state the
+worker would refuse (a LoRA periodic state without the adapter snapshot, or LoRA against full weights). Checkpoint
+folders are fabricated with the file names verl's FSDPCheckpointManager and rpg.reference.periodic write (named here
+literally, not from the module under test); the launcher's hook is tested in
+tests/recipes/test_launch_inputs_on_cpu.py."""
 
 from __future__ import annotations
 
@@ -101,3 +103,66 @@ def test_the_schedule_free_trainer_is_synchronous(tmp_path):
     cfg = config(tmp_path)
     cfg.trainer.v1.trainer_mode = "schedule_free_sync"
     assert resume_ckpt.problem(cfg) is None
+
+
+REFERENCE_STATE = "actor/rpg_reference/state.json"
+ADAPTER_SNAPSHOT = "actor/rpg_reference/ref_model/.metadata"
+
+
+def lora_periodic(folder: Path, lora_rank: int = 4) -> object:
+    cfg = config(folder, reference="periodic")
+    cfg.actor_rollout_ref.model = {"lora_rank": lora_rank}  # verl's FSDP engine's setting (rpg.preflight.lora_config)
+    return cfg
+
+
+def save_reference(step_dir: Path, weights: bool = True, **state) -> None:
+    """rpg.reference.written's files, as a LoRA periodic run writes them unless `state` says otherwise."""
+    (step_dir / "actor/rpg_reference").mkdir(parents=True, exist_ok=True)
+    payload = {"version": 1, "reference": "periodic", "has_ref_weights": True, "lora_snapshot": True, **state}
+    (step_dir / REFERENCE_STATE).write_text(json.dumps(payload))
+    if weights:
+        save(step_dir.parent, int(step_dir.name.split("_")[-1]), [ADAPTER_SNAPSHOT], latest=False)
+
+
+def test_a_lora_periodic_resume_without_the_adapter_snapshot_is_refused_before_launch(tmp_path):
+    """The worker refuses these at load (rpg.reference.written), after Ray and the model started; the launcher
+    refuses them first, naming the checkpoint's state file and the fix (issue 40, item 2)."""
+    cfg = lora_periodic(tmp_path)
+    previous = save(tmp_path, 1, ONE_RANK, latest=False)
+    save_reference(previous)
+    latest = save(tmp_path, 2, ONE_RANK)
+    save_reference(latest)
+    assert resume_ckpt.problem(cfg) is None  # the snapshot and its state: resumed as the worker would
+    state = latest / REFERENCE_STATE
+    save_reference(latest, weights=False, has_ref_weights=False)  # no snapshot: the policy's adapter would be π_ref
+    why = resume_ckpt.problem(cfg)
+    assert why is not None and str(state) in why and "has_ref_weights=false" in why, why
+    assert "adapter snapshot" in why and f"trainer.resume_from_path={previous}" in why, why
+    save_reference(latest, lora_snapshot=False)  # saved by a full-weight run: ref_model/ is a whole model
+    why = resume_ckpt.problem(cfg)
+    assert why is not None and str(state) in why and "lora_snapshot=false" in why and "without LoRA" in why, why
+    assert "actor_rollout_ref.model.lora_rank" in why and f"trainer.resume_from_path={previous}" in why, why
+    save_reference(latest)
+    (latest / ADAPTER_SNAPSHOT).unlink()  # the state says it was saved, its files are gone
+    why = resume_ckpt.problem(cfg)
+    assert f"{latest} lacks {ADAPTER_SNAPSHOT} (the periodic reference's LoRA adapter snapshot)" in why, why
+    (previous / ADAPTER_SNAPSHOT).unlink()
+    why = resume_ckpt.problem(cfg)
+    assert "No complete checkpoint" in why and "trainer.resume_mode=disable" in why, why
+
+
+def test_a_lora_snapshot_is_refused_by_a_full_weight_resume_and_the_rank_read_as_verl_reads_it(tmp_path):
+    latest = save(tmp_path, 2, ONE_RANK)
+    save_reference(latest)  # saved with LoRA
+    full = config(tmp_path, reference="periodic")
+    why = resume_ckpt.problem(full)
+    assert why is not None and str(latest / REFERENCE_STATE) in why and "lora_snapshot=true" in why, why
+    assert "with LoRA" in why and "trainer.resume_mode=disable" in why, why
+    assert resume_ckpt.problem(lora_periodic(tmp_path)) is None
+    block = config(tmp_path, reference="periodic")
+    block.actor_rollout_ref.model = {"lora": {"rank": 8}}  # verl's newer setting, read first
+    assert resume_ckpt.problem(block) is None
+    save_reference(latest, lora_snapshot=False)
+    assert resume_ckpt.problem(full) is None
+    assert "lora_snapshot=false" in resume_ckpt.problem(block)
+    assert resume_ckpt.problem(config(tmp_path)) is None  # an iterative run reads no reference state

@@ -480,3 +480,197 @@ def schedule_free(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> 
     _sf_step(resumed, 3, rank, world_size)
     out["step3_equal"] = equal_states(local_state(resumed.actor.engine.module), local_state(module))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 2c. LoRA: the periodic reference as a snapshot of the policy's adapter (rpg/reference/lora.py)
+# ---------------------------------------------------------------------------------------------------------------------
+LORA_RANK, LORA_ALPHA = 4, 8
+LORA_KL_TARGET, LORA_KL_HORIZON = 1e-5, 2.0  # the adaptive β beside the LoRA reference
+
+
+def _lora_worker(model_dir: str, world_size: int, refresh_steps: int, topk: bool = False):
+    """verl's fused worker of a LoRA run (role actor_rollout: no reference engine, verl's ``ref_in_actor``) with the
+    periodic reference, K = `refresh_steps`, and the adaptive β; `topk`: the top-k KL estimator (k = 4)."""
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    pl = "actor_rollout_ref.actor.policy_loss."
+    config = compose(model_dir, [
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={_PERIODIC_MINI}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={_PERIODIC_BATCH // world_size}",
+        f"trainer.n_gpus_per_node={world_size}",
+        "actor_rollout_ref.actor.optim.lr=5e-2",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.0",
+        f"actor_rollout_ref.model.lora_rank={LORA_RANK}",
+        f"actor_rollout_ref.model.lora_alpha={LORA_ALPHA}",
+        "actor_rollout_ref.model.target_modules=all-linear",
+        f"{pl}_target_=rpg.RPGPolicyLossConfig",
+        f"{pl}loss_mode=rpg_reinforce_urkl",
+        f"+{pl}kl_coef=0.05",
+        f"+{pl}reference=periodic",
+        f"+{pl}ref_refresh_steps={refresh_steps}",
+        *([f"+{pl}kl_estimator=topk", f"+{pl}kl_topk=4", f"+{pl}branch_on=advantage"] if topk else []),
+        f"+{pl}kl_control=adaptive", f"+{pl}kl_target={LORA_KL_TARGET}", f"+{pl}kl_horizon={LORA_KL_HORIZON}",
+    ])
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout")
+    worker.init_model()
+    return worker
+
+
+def _adapter_local(worker) -> dict[str, torch.Tensor]:
+    from rpg.reference.lora import adapter_parameters
+
+    module = engine_module(worker.actor, "actor")
+    return {k: local_shard(v).detach().clone() for k, v in adapter_parameters(module).items()}
+
+
+def _snapshot_local(worker) -> dict[str, torch.Tensor]:
+    return {k: local_shard(v).detach().clone() for k, v in worker._rpg_reference.snapshot.tensors.items()}
+
+
+def _lora_pass(worker, td, reference: bool, select: int = 0):
+    """verl's log-prob pass as its trainer calls it in a LoRA run: the reference's with ``no_lora_adapter=True``;
+    `select`: ask the top-k hook for a support of that size in this pass (as it asks in the reference's)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    from rpg import topk_hook
+
+    data = td.clone()
+    tu.assign_non_tensor(data, compute_loss=False)  # a log-prob pass, also after `for_update` marked `td`
+    if reference:
+        tu.assign_non_tensor(data, no_lora_adapter=True)
+    if select:
+        tu.assign_non_tensor(data, **{topk_hook.SELECT: select})
+    out = worker.compute_log_prob(data)
+    return no_padding_2_padding(tu.get(out, "log_probs"), td).detach(), out
+
+
+def _lora_step(worker, step: int, rank: int, world_size: int, topk: bool) -> dict[str, Any]:
+    """One training step of a LoRA run (π_old, the reference pass, update); what this rank checks around it."""
+    from rpg import topk_hook
+
+    tensors = chunk(padded_batch(_PERIODIC_BATCH, seed=100 + step), rank, world_size)
+    td = to_td(tensors)
+    mask = tensors["response_mask"].bool()
+    policy = _adapter_local(worker)
+    old, old_out = _lora_pass(worker, td, reference=False)
+    ref, ref_out = _lora_pass(worker, td, reference=True)
+    result: dict[str, Any] = {"step": step, "policy_kept": equal_states(_adapter_local(worker), policy)}
+    result["ref_old_gap"] = float(((ref - old) * mask).abs().max())
+    if topk:  # the support is selected in the reference's pass only, from the reference's logits
+        result["support_in_ref_pass"] = topk_hook.IDS in ref_out.keys() and topk_hook.IDS not in old_out.keys()
+        _, policy_out = _lora_pass(worker, td, reference=False, select=4)  # the policy's own support, for contrast
+        lps = topk_hook.LOG_PROBS
+        result["support_gap_to_policy"] = float((ref_out[lps].values() - policy_out[lps].values()).abs().max())
+        td[topk_hook.IDS], td[topk_hook.LOG_PROBS] = ref_out[topk_hook.IDS], ref_out[topk_hook.LOG_PROBS]
+    td["old_log_probs"], td["ref_log_prob"] = old * mask, ref * mask
+    for_update(td, _PERIODIC_MINI)
+    metrics = _metrics(worker.update_actor(td))
+    ours = ("actor/rpg/ref_", "actor/rpg/kl_c")
+    result.update({k.removeprefix("actor/rpg/"): v[0] for k, v in metrics.items() if k.startswith(ours)})
+    if topk:
+        result["topk_kl"] = metrics["actor/rpg/topk_kl"][0]
+    if result["ref_refreshed"]:
+        result["snapshot_equal_adapter"] = equal_states(_snapshot_local(worker), _adapter_local(worker))
+        after, after_out = _lora_pass(worker, td, reference=True)
+        now, now_out = _lora_pass(worker, td, reference=False, select=4 if topk else 0)
+        result["logprob_gap"] = float(((after - now) * mask).abs().max())
+        if topk:  # the reference pass's support = the one the policy's own logits give (snapshot = policy now)
+            ids, lps = (topk_hook.IDS, topk_hook.LOG_PROBS)
+            result["support_equal_policy"] = bool(after_out[ids].values().equal(now_out[ids].values()))
+            result["support_gap"] = float((after_out[lps].values() - now_out[lps].values()).abs().max())
+
+    return result
+
+
+def lora_periodic(
+    rank: int, world_size: int, model_dir: str, ckpt_dir: str, refresh_steps: int, steps: int, save_at: int,
+    topk: bool = False,
+) -> dict[str, Any]:
+    """Train `steps` steps of a LoRA run with the periodic reference (K = refresh_steps), checking each rank's snapshot
+    against its adapter shards; checkpoint at `save_at`, resume in a fresh worker, train the rest. Also: the rollout's
+    weight sync (verl's ``get_per_tensor_param``, lora.merge=False) after a reference pass reads the policy's
+    adapter."""
+    install.install([install.REF_LOG_PROB, install.WORKER_HOOKS] + ([install.TOPK_KL] if topk else []))
+    os.environ[VERIFY_ENV] = "1"
+    try:
+        worker = _lora_worker(model_dir, world_size, refresh_steps, topk)
+        out: dict[str, Any] = {"steps": [], "resumed_steps": []}
+        for step in range(1, steps + 1):
+            out["steps"].append(_lora_step(worker, step, rank, world_size, topk))
+            if step == save_at:
+                worker.save_checkpoint(ckpt_dir, global_step=step)
+                saved_snapshot = _snapshot_local(worker)
+                out["saved_schedule"] = worker._rpg_reference.schedule.state_dict()
+            if step == save_at + 1:  # the snapshot lags the policy by one training step here
+                out["sync_reads_policy"] = _sync_reads_policy(worker, rank, world_size)
+                out["merged_sync_gaps"] = _merged_sync_gaps(worker, rank, world_size)
+        final_snapshot, final_adapter = _snapshot_local(worker), _adapter_local(worker)
+        out["final_schedule"] = worker._rpg_reference.schedule.state_dict()
+
+        resumed = _lora_worker(model_dir, world_size, refresh_steps, topk)
+        resumed.load_checkpoint(ckpt_dir)
+        out["loaded_schedule"] = resumed._rpg_reference.schedule.state_dict()
+        out["loaded_snapshot_equal_saved"] = equal_states(_snapshot_local(resumed), saved_snapshot)
+        for step in range(save_at + 1, steps + 1):
+            out["resumed_steps"].append(_lora_step(resumed, step, rank, world_size, topk))
+        out["resumed_final_schedule"] = resumed._rpg_reference.schedule.state_dict()
+        out["resumed_snapshot_diff"] = max_diff(_snapshot_local(resumed), final_snapshot)
+        out["resumed_adapter_diff"] = max_diff(_adapter_local(resumed), final_adapter)
+        return out
+    finally:
+        os.environ.pop(VERIFY_ENV)
+
+
+def _sync_reads_policy(worker, rank: int, world_size: int) -> bool:
+    """After a reference pass, verl's weight sync for the rollout (lora.merge=False: the adapter's tensors) reads the
+    policy's adapter, not the snapshot (collective: all ranks call)."""
+    from rpg.reference.lora import adapter_parameters
+
+    td = to_td(chunk(padded_batch(_PERIODIC_BATCH, seed=7), rank, world_size))
+    _lora_pass(worker, td, reference=True)
+    module = engine_module(worker.actor, "actor")
+    policy = {k: full_tensor(v).detach().clone() for k, v in adapter_parameters(module).items()}
+    snapshot = {k: full_tensor(v).detach().clone() for k, v in worker._rpg_reference.snapshot.tensors.items()}
+    params, _ = worker.actor.engine.get_per_tensor_param(layered_summon=False, base_sync_done=True)
+    synced = {k: full_tensor(v).detach().clone() for k, v in dict(params).items()}
+    by_name = {k.replace(".default.", "."): v for k, v in policy.items()}  # peft's adapter name, dropped by the sync
+    matched = [(k, v) for k, v in synced.items() if k in by_name]
+    assert len(matched) == len(policy), f"adapter tensors missing in the sync's names {sorted(synced)[:4]}"
+    same = all(torch.equal(v.float(), by_name[k].float()) for k, v in matched)
+    differs = any(not torch.equal(snapshot[k].float(), policy[k].float()) for k in policy)
+    return same and differs
+
+
+def _merged_sync_gaps(worker, rank: int, world_size: int) -> dict[str, float]:
+    """lora.merge=True: after a reference pass verl's sync streams W + (α/r)·B·A in bf16; the largest gap of the
+    streamed adapted weights to the policy's merge and to the snapshot's (collective: all ranks call)."""
+    from rpg.reference.lora import adapter_parameters
+
+    td = to_td(chunk(padded_batch(_PERIODIC_BATCH, seed=7), rank, world_size))
+    _lora_pass(worker, td, reference=True)
+    engine = worker.actor.engine
+    module = engine_module(worker.actor, "actor")
+    full = {k: full_tensor(v).detach().float().clone() for k, v in module.state_dict().items()}
+    policy = {k: full_tensor(v).detach().float() for k, v in adapter_parameters(module).items()}
+    snapshot = {k: full_tensor(v).detach().float() for k, v in worker._rpg_reference.snapshot.tensors.items()}
+    engine.model_config.lora["merge"] = True
+    try:
+        params, _ = engine.get_per_tensor_param(layered_summon=False, base_sync_done=True)
+        synced = {k: v.detach().float().clone() for k, v in params}
+    finally:
+        engine.model_config.lora["merge"] = False
+    gaps = {"policy": 0.0, "snapshot": 0.0, "layers": 0}
+    for a_name in (k for k in policy if ".lora_A." in k):
+        prefix = a_name.split(".lora_A.")[0]  # base_model.model.<layer path>
+        b_name = a_name.replace(".lora_A.", ".lora_B.")
+        weight = full[prefix + ".base_layer.weight"]
+        name = prefix.removeprefix("base_model.model.") + ".weight"
+        for what, adapter in (("policy", policy), ("snapshot", snapshot)):
+            merged = (weight + (LORA_ALPHA / LORA_RANK) * adapter[b_name] @ adapter[a_name]).to(torch.bfloat16)
+            gaps[what] = max(gaps[what], float((synced[name] - merged.float()).abs().max()))
+        gaps["layers"] += 1
+    return gaps

@@ -14,6 +14,13 @@ Periodic reference (rpg/reference/periodic.py), RPG-REINFORCE-URKL against the r
 * checkpoint at step 3 → fresh workers load it: the same schedule and the same reference shards on each rank, the
   same refreshes afterwards and the same final reference as the uninterrupted run.
 
+LoRA (rpg/reference/lora.py; verl's fused worker with lora_rank > 0, no reference engine), the periodic reference as a
+snapshot of the policy's adapter, with the top-k KL and the adaptive β: both ranks refresh together; each rank's
+snapshot shards equal its adapter shards after a refresh; every reference pass leaves the policy's adapter as it was;
+the reference pass (and its top-k support) is the snapshot's; the rollout's weight sync after a reference pass reads
+the policy's adapter (lora.merge=False: its tensors; True: its merged weights, bit for bit); β follows its recurrence on both ranks; a checkpoint resumed in fresh workers continues
+identically.
+
 EMA reference and adaptive β (rpg/reference/weights.py, adaptive_kl.py), RPG-REINFORCE-URKL with ρ = π_ref/π_old:
 * τ = 0.9, one update per training step: after every step each rank's own reference shards equal the float64 closed
   form τ·ref + (1 − τ)·actor; the β controller (target below the KL: β grows) follows its recurrence on the
@@ -25,7 +32,7 @@ Schedule-free (rpg/schedule_free.py): the first micro-batch of every step has ra
 switch to the average x changes every rank's shards to schedulefree's x and back to y bit-exactly; the checkpoint
 holds y, its HF export is x; a resumed worker continues bit-identically.
 
-Cost: ~1 min on 2 cores (the pool is shared with tests/ranks/test_aggregation_engine_on_cpu.py).
+Cost: ~1.5 min on 2 cores (the LoRA scenario ~10 s of it) (the pool is shared with tests/ranks/test_aggregation_engine_on_cpu.py).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import math
 
 import pytest
 
-from engine_scenarios import ema_reference, periodic_refresh, schedule_free
+from engine_scenarios import ema_reference, lora_periodic, periodic_refresh, schedule_free
 
 K_STEPS = 6
 
@@ -178,3 +185,62 @@ def test_schedule_free_switches_every_rank_and_resumes_exactly(sf_run):
         assert out["resumed_params_equal"] and out["resumed_optimizer_equal"], f"rank {rank}"
         assert out["resumed_mode"] == "iterate" and out["step3_equal"], f"rank {rank}"
     assert sf_run[0]["hf_export_max_diff_to_x"] < 1e-6 < sf_run[0]["hf_export_max_diff_to_y"]
+
+
+@pytest.fixture(scope="module")
+def lora_run(two_ranks, tiny_qwen2_dir, tmp_path_factory):
+    ckpt = str(tmp_path_factory.mktemp("lora") / "global_step_2" / "actor")
+    return two_ranks.run(
+        lora_periodic, model_dir=tiny_qwen2_dir, ckpt_dir=ckpt, refresh_steps=4, steps=4, save_at=2, topk=True
+    )
+
+
+def test_lora_periodic_refreshes_the_adapter_snapshot_on_every_rank_together(lora_run):
+    r0, r1 = lora_run
+    # K = 4 optimizer steps = 2 training steps: refreshes at the end of steps 2 and 4, on both ranks
+    assert [s["ref_refreshed"] for s in r0["steps"]] == [s["ref_refreshed"] for s in r1["steps"]] == [0, 1, 0, 1]
+    for rank, out in enumerate(lora_run):
+        for s in out["steps"] + out["resumed_steps"]:
+            assert s["policy_kept"], (rank, s["step"])  # the reference pass restored the policy's adapter
+            assert s["support_in_ref_pass"], (rank, s["step"])  # top-k: the support of the reference's pass
+            if s["ref_refreshed"]:  # each rank's snapshot shards = its adapter shards; the pass = the policy's
+                assert s["snapshot_equal_adapter"] and s["logprob_gap"] < 1e-6, (rank, s)
+                assert s["support_equal_policy"] and s["support_gap"] < 1e-6, (rank, s)  # top-k of the same weights
+        # ... and of the snapshot's weights, not π_θ's: the same pattern as the log-probs
+        support_gaps = [s["support_gap_to_policy"] for s in out["steps"]]
+        assert support_gaps[0] < 1e-6 and support_gaps[1] > 1e-5 and support_gaps[3] > 1e-5, (rank, support_gaps)
+        # steps 1 and 3 start at a snapshot (the initial adapter, B = 0; the refresh of step 2): π_ref = π_old there;
+        # at steps 2 and 4 the policy moved on and the reference stayed
+        gaps = [s["ref_old_gap"] for s in out["steps"]]
+        assert gaps[0] < 1e-6 and gaps[2] < 1e-6 and gaps[1] > 1e-5 and gaps[3] > 1e-5, (rank, gaps)
+
+
+def test_lora_periodic_with_the_adaptive_beta_on_every_rank(lora_run):
+    from engine_scenarios import LORA_KL_HORIZON, LORA_KL_TARGET
+
+    r0, r1 = lora_run
+    for a, b in zip(r0["steps"] + r0["resumed_steps"], r1["steps"] + r1["resumed_steps"]):
+        assert (a["kl_coef"], a["kl_coef_next"], a["kl_ctrl_kl"]) == (b["kl_coef"], b["kl_coef_next"], b["kl_ctrl_kl"])
+    for steps in (r0["steps"], r0["resumed_steps"]):
+        for s, nxt in zip(steps, steps[1:] + [None]):
+            error = min(max(s["kl_ctrl_kl"] / LORA_KL_TARGET - 1, -0.2), 0.2)
+            assert s["kl_coef_next"] == s["kl_coef"] * (1 + error / LORA_KL_HORIZON)
+            if nxt is not None:
+                assert nxt["kl_coef"] == s["kl_coef_next"]
+    assert r0["resumed_steps"][0]["kl_coef"] == r0["steps"][2]["kl_coef"] != 0.05  # β moved and was resumed exactly
+
+
+def test_lora_rollout_sync_reads_the_policys_adapter(lora_run):
+    assert all(out["sync_reads_policy"] for out in lora_run)  # lora.merge=False: the adapter's tensors
+    for out in lora_run:  # lora.merge=True: W + (α/r)·B·A of the policy's adapter (bf16), not of the snapshot's
+        gaps = out["merged_sync_gaps"]
+        assert gaps["layers"] == 14 and gaps["policy"] == 0.0 < gaps["snapshot"], gaps
+
+
+def test_lora_periodic_resumes_exactly_on_every_rank(lora_run):
+    for rank, out in enumerate(lora_run):
+        assert out["loaded_schedule"] == out["saved_schedule"] and out["loaded_snapshot_equal_saved"], rank
+        assert out["resumed_final_schedule"] == out["final_schedule"], rank
+        assert out["resumed_snapshot_diff"] < 1e-6 and out["resumed_adapter_diff"] < 1e-6, rank
+        for a, b in zip(out["steps"][2:], out["resumed_steps"]):
+            assert b["ref_kl"] == pytest.approx(a["ref_kl"], rel=1e-6), (rank, a["step"])

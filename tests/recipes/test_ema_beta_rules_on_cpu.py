@@ -48,7 +48,8 @@ def test_ema_needs_the_reference_model(base):
 @pytest.mark.parametrize("updates, needle", [
     ({"actor_rollout_ref__ref__fsdp_config__model_dtype": "bf16"},
      "actor_rollout_ref.ref.fsdp_config.model_dtype=bf16 (the EMA blend"),
-    ({"actor_rollout_ref__model__lora_rank": 8}, "actor_rollout_ref.model.lora_rank=8 (a LoRA run has no reference"),
+    ({"actor_rollout_ref__model__lora_rank": 8},
+     "LoRA (actor_rollout_ref.model.lora_rank=8): an EMA reference under LoRA is not an adapter"),
     ({ACTOR + "strategy": "megatron"}, "actor_rollout_ref.actor.strategy=megatron"),
 ])  # fmt: skip
 def test_ema_is_refused_where_it_cannot_run(base, updates, needle):

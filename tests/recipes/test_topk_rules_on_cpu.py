@@ -80,7 +80,6 @@ def test_loss_settings_that_cannot_take_an_analytic_kl_are_refused(base, updates
     ({ACTOR + "pad_to_length": True}, ["actor.pad_to_length=True", "pad_to_length=False"]),
     ({"actor_rollout_ref.ref.pad_to_length": True}, ["ref.pad_to_length=True"]),
     ({ACTOR + "ulysses_sequence_parallel_size": 2}, ["actor.ulysses_sequence_parallel_size=2", "sliced"]),
-    ({"actor_rollout_ref.model.lora_rank": 8}, ["lora_rank=8", "lora_rank=0"]),
     ({"distillation.enabled": True}, ["distillation.enabled=True", "distillation_use_topk"]),
     ({"algorithm.rollout_correction.bypass_mode": True}, ["bypass_mode=True", "no top-k", "reference='iterative'"]),
     ({"trainer.use_v1": False}, ["trainer.use_v1=False", "TransferQueue"]),
