@@ -9,6 +9,10 @@ the config.json on disk or in the HF cache, or the shipped table of the recipe m
 * the HF export (`hf_model`): P × the model dtype's bytes;
 * the reference weights a mode that writes them saves next to the actor's (`rpg.modes.checkpoint_bytes`: periodic,
   EMA): P × the reference's FSDP model dtype's bytes (fp32 for EMA);
+* under LoRA (`rpg.preflight.lora_config`) the trained parameters are the adapter's A (`rpg.preflight.memory`'s count
+  for the rank and target modules): the optimizer states are A × 4 bytes × states, the actor weights are the whole
+  model (A only with ``checkpoint.save_lora_only=True``), and the periodic reference's adapter snapshot is A × 4 bytes
+  (fp32; docs/reference-modes.md#lora);
 
 times the checkpoints on disk at once: verl writes a new one before it deletes the oldest, so
 `max_actor_ckpt_to_keep` + 1 (or every save of the run when nothing is deleted). A launch that saves refuses when the
@@ -23,9 +27,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from rpg import modes
 from rpg.modes import checkpoint_bytes
-from rpg.preflight.memory import DTYPE_BYTES, load_model_shape, optimizer_states
+from rpg.preflight.lora_config import LoraSettings, lora_settings
+from rpg.preflight.memory import DTYPE_BYTES, load_model_shape, lora_modules, optimizer_states
 from rpg.preflight.verl_configs import ValidatedConfig
+from rpg.reference.lora_modes import lora_reference
 
 GB = 1e9
 
@@ -61,25 +68,44 @@ def saves(trainer: Any) -> int:
     return len({s for s in range(1, int(total) + 1) if s % freq == 0 or s == int(total)})
 
 
+def _adapter_params(model: Any, lora: LoraSettings) -> int:
+    """The LoRA adapter's parameter count (A and B of every adapted layer) of the run's model."""
+    shape = load_model_shape(str(model.path), model.hf_config_path)
+    return shape.lora_params(lora.rank, lora_modules(lora.target_modules))
+
+
+def _lora_snapshot(settings: Any, adapter: int) -> dict[str, float]:
+    """The adapter snapshot a LoRA reference mode saves next to the actor's checkpoint (fp32), by part."""
+    if settings is None:
+        return {}
+    row, _ = modes.selected(settings)
+    return {f"{row.name} reference adapter snapshot": float(adapter) * 4} if lora_reference(row.name).snapshot else {}
+
+
 def estimate(validated: ValidatedConfig, n_params: Optional[int] = None) -> CheckpointEstimate:
     """The checkpoints of a validated run; `n_params`: the model's parameter count (default: from its shape,
     `rpg.preflight.memory.load_model_shape`)."""
     config, actor = validated.config, validated.actor
+    model = config.actor_rollout_ref.model
     if n_params is None:
-        model = config.actor_rollout_ref.model
         n_params = load_model_shape(str(model.path), model.hf_config_path).param_count()
+    lora = lora_settings(config)
+    trained = _adapter_params(model, lora) if lora.rank > 0 else n_params  # the optimizer's parameters
     contents = list(actor.checkpoint.save_contents)
     weight = _dtype_bytes(actor.fsdp_config)
     parts: dict[str, float] = {}
     if "model" in contents:
-        parts["actor weights"] = n_params * weight
+        lora_only = lora.rank > 0 and bool(getattr(actor.checkpoint, "save_lora_only", False))
+        parts["actor weights"] = (trained if lora_only else n_params) * weight
     if "optimizer" in contents:
         states, _ = optimizer_states(str(actor.optim.optimizer))
-        parts[f"optimizer states ({states} fp32 per parameter)"] = n_params * 4 * states
+        parts[f"optimizer states ({states} fp32 per parameter)"] = trained * 4 * states
     if "hf_model" in contents:
         parts["HF export"] = n_params * weight
     # rpg_reference/ next to the actor's checkpoint
-    if validated.ref is not None:  # a mode that writes the reference weights runs with verl's reference model
+    if lora.rank > 0:  # no reference engine: the reference is an adapter on the shared base
+        parts.update(_lora_snapshot(validated.rpg, trained))
+    elif validated.ref is not None:  # a mode that writes the reference weights runs with verl's reference model
         parts.update(checkpoint_bytes(validated.rpg, n_params, _dtype_bytes(validated.ref.fsdp_config)))
     trainer = config.trainer
     n, keep = saves(trainer), trainer.max_actor_ckpt_to_keep

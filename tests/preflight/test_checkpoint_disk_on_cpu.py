@@ -50,3 +50,23 @@ def test_a_disk_too_small_is_refused_with_the_numbers_and_the_fix():
     assert "keep fewer checkpoints (trainer.max_actor_ckpt_to_keep=1: " in msg, msg
     assert problem(validated(), free_bytes=10_000 * GB) is None
     assert problem(validated(URKL_7B, "trainer.save_freq=-1"), free_bytes=0) is None  # a run that saves nothing needs no room
+
+
+def test_a_lora_checkpoint_counts_optimizer_states_of_the_adapter_and_its_snapshot():
+    """verl saves the whole model (base + adapter, unless checkpoint.save_lora_only) but optimizer states only for the
+    adapter (the one trained tensor set); the periodic reference under LoRA saves the adapter's fp32 snapshot."""
+    from rpg.preflight.memory import lora_modules
+
+    shape = load_model_shape("Qwen/Qwen3-4B")
+    p, a = shape.param_count(), shape.lora_params(32, lora_modules("all-linear"))
+    lora = validated("1gpu/run_rpg_reinforce_urkl_4k_lora.sh")
+    parts = estimate(lora).parts
+    assert parts["actor weights"] == 4 * p
+    assert parts["optimizer states (2 fp32 per parameter)"] == 8 * a  # not 8 * p: the base is frozen
+    pl = "actor_rollout_ref.actor.policy_loss"
+    periodic = validated("1gpu/run_rpg_reinforce_urkl_4k_lora.sh", f"{pl}.reference=periodic",
+                         f"{pl}.ref_refresh_steps=64", "actor_rollout_ref.actor.use_kl_loss=True",
+                         "actor_rollout_ref.actor.kl_loss_coef=0")
+    assert estimate(periodic).parts["periodic reference adapter snapshot"] == 4 * a  # fp32, adapter-sized
+    only = validated("1gpu/run_rpg_reinforce_urkl_4k_lora.sh", "+actor_rollout_ref.actor.checkpoint.save_lora_only=True")
+    assert estimate(only).parts["actor weights"] == 4 * a
