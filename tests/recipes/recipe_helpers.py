@@ -77,8 +77,7 @@ def as_launched(check, cfg, typed_from=None):
     of one function's rules; a test of the whole validation calls `rpg.launch.compose_and_validate`.
 
     `typed_from`: the config to build it from instead of `cfg`, one with the same `actor.policy_loss`, for a rule of a
-    setting that verl's own checks refuse first on this machine (a LoRA rank needs vLLM ≥ 0.18, a model folder its
-    tokenizer): there the launcher reaches the rule on a machine that has them."""
+    setting that verl's own checks refuse first on this machine (a model folder needs its tokenizer): there the launcher reaches the rule on a machine that has them."""
     from rpg.launch import build_verl_configs
 
     typed = build_verl_configs(cfg if typed_from is None else typed_from).actor.policy_loss

@@ -1,8 +1,7 @@
 """Every LoRA × reference × estimator × KL-control combination either validates or is refused with its reason: one
 test per row of the table in docs/reference-modes.md#lora (read from the docs, so the two cannot drift), through the
-launcher's RPG rules (`rpg.launch.validate_rpg`, called as the launcher calls it: tests/recipes/recipe_helpers.py
-`as_launched`). verl's own `validate_config` checks a LoRA rank against vLLM's maximum, which needs vLLM installed: the
-typed loss is built from the same config without the rank, the rules run on the LoRA config. ~10 s.
+launcher's whole validation (`rpg.launch.validate`: the LoRA rules, verl's own checks, the typed configs, the recipe
+and RPG rules), on this machine without vLLM (the LoRA rank check is the launcher's, docs/gpu.md#lora). ~15 s.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from rpg import modes
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "recipes"))  # recipe_helpers, test_launch_on_cpu's MINIMAL config
 
-from recipe_helpers import as_launched, cfg_with  # noqa: E402
+from recipe_helpers import cfg_with  # noqa: E402
 from test_launch_on_cpu import MINIMAL  # noqa: E402
 
 DOCS = REPO / "docs" / "reference-modes.md"
@@ -31,9 +30,9 @@ def docs_table() -> list[tuple[str, str, str, str]]:
     """(reference, kl_estimator, kl_control, result) of every row between the docs' lora-table markers."""
     text = DOCS.read_text()
     body = text[text.index("<!-- lora-table -->"):text.index("<!-- /lora-table -->")]
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in body.splitlines()
-            if line.startswith("|")]  # fmt: skip
-    return [tuple(r) for r in rows[2:]]  # past the header and its rule
+    lines = [line for line in body.splitlines() if line.startswith("|")]
+    rows = [tuple(c.strip() for c in line.strip().strip("|").split("|")) for line in lines]
+    return rows[2:]  # past the header and its rule
 
 
 ROWS = docs_table()
@@ -71,17 +70,17 @@ def _settings(reference: str, estimator: str, control: str) -> dict:
 
 @pytest.mark.parametrize("reference, estimator, control, result", ROWS, ids=["-".join(r[:3]) for r in ROWS])
 def test_each_combination_runs_or_is_refused_with_its_reason(base, reference, estimator, control, result):
-    from rpg.launch import RecipeConfigError, validate_rpg
+    from rpg.launch import RecipeConfigError, validate
 
     without_lora = cfg_with(base, _settings(reference, estimator, control))
-    as_launched(validate_rpg, without_lora)  # the combination itself is valid without LoRA
+    validate(without_lora)  # the combination itself is valid without LoRA
     with_lora = cfg_with(without_lora, LORA)
     if result == "runs":
-        settings = as_launched(validate_rpg, with_lora, without_lora)
+        settings = validate(with_lora).rpg
         assert (settings.reference, settings.kl_estimator, settings.kl_control) == (reference, estimator, control)
         return
     with pytest.raises(RecipeConfigError) as refusal:
-        as_launched(validate_rpg, with_lora, without_lora)
+        validate(with_lora)
     message = str(refusal.value)
     assert result.removeprefix("refused: ") in message, message
     assert "actor_rollout_ref.model.lora_rank=32" in message  # the setting is named
