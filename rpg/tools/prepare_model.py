@@ -76,6 +76,7 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 GGUF_MAGIC = b"GGUF"
 LICENSE_NAMES = ("LICENSE", "LICENSE.txt", "LICENSE.md", "license", "license.txt", "COPYING")
 CHECK_PROMPT = "What is 2 + 3?"
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 PROVENANCE = "provenance.json"
 
 
@@ -127,7 +128,7 @@ def check_gguf(path: Path) -> dict[str, int]:
 
 def quantisation(types: dict[str, int]) -> str:
     """The most common tensor type that is not a float (``Q4_1``), else the most common one (``F32``)."""
-    quantised = {k: v for k, v in types.items() if k not in ("F32", "F16", "BF16", "F64")}
+    quantised = {k: v for k, v in types.items() if k not in FLOAT_TYPES}
     pool = quantised or types
     return max(pool, key=pool.get)
 
@@ -254,8 +255,13 @@ def convert(src: Source, dtype: str, into: Path) -> None:
 
     kwargs = {"gguf_file": src.path.name} if src.kind == "gguf" else {}
     folder = src.path.parent if src.kind == "gguf" else src.path
-    tok = AutoTokenizer.from_pretrained(folder, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, DTYPES[dtype]), **kwargs)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, DTYPES[dtype]), **kwargs)
+    except Exception as e:  # noqa: BLE001 -- transformers raises many types for a model it cannot read
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise PrepareError(f"{src.path}: transformers cannot load it as a causal LM ({type(e).__name__}: "
+                           f"{first[:200]}); give a llama-family GGUF or HF folder") from None
     template = tok.chat_template or ""
     if CHATML_EOS in template and CHATML_EOS in tok.get_vocab():
         tok.eos_token = CHATML_EOS
@@ -342,6 +348,16 @@ def _sibling(out: Path, tag: str) -> Path:
             continue
 
 
+def provenance_note(src: Source) -> str:
+    """What the weights are: dequantised (a quantised GGUF), converted (a float GGUF) or re-saved (an HF folder)."""
+    if src.kind != "gguf":
+        return "converted from a Hugging Face folder"
+    quant = src.provenance["quantisation"]
+    if quant in FLOAT_TYPES:
+        return f"converted from {quant} GGUF tensors"
+    return f"dequantised from {quant}, not the original weights"
+
+
 def build(args) -> dict[str, Any]:
     """Convert, check and put the folder in place; returns its provenance."""
     out = Path(args.out).absolute()
@@ -355,8 +371,7 @@ def build(args) -> dict[str, Any]:
         checked = check(model_dir)
         shutil.rmtree(tmp / "source", ignore_errors=True)
         files = sorted(p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file())
-        note = (f"dequantised from {src.provenance['quantisation']}, not the original weights" if src.kind == "gguf"
-                else "converted from a Hugging Face folder")
+        note = provenance_note(src)
         prov = {"tool": "rpg-prepare-model", "inputs": wanted_inputs(args), "source": src.provenance, "note": note,
                 "dtype": args.dtype, "check": checked, "license": src.license.name, "files": files}
         atomic_write_json(model_dir / PROVENANCE, prov, indent=1)  # written last: marks a complete build
