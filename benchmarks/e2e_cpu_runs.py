@@ -251,6 +251,39 @@ RECORDS = ROOT / "benchmarks" / "records"
 FIGURE = ROOT / "docs" / "img" / "real-model-curves.png"
 
 
+DOCS = ROOT / "docs" / "benchmarks.md"
+TABLE_START, TABLE_END = "<!-- real-model-record -->", "<!-- /real-model-record -->"
+
+
+def real_model_table(record: dict) -> str:
+    """The docs' table of a real-model record (docs/benchmarks.md#real-model; tests/test_real_model_record_on_cpu.py
+    checks that the docs hold exactly this): per run the in-training validation, the final rpg-evaluate mean@k ± s.e.
+    and its change from the initial model in standard errors (the larger s.e. of the two), the step and wall time."""
+    init, k = record["initial"], record["settings"]["eval_k"]
+    n = record["settings"]["val_kwargs.n"]
+    lines = [f"| run | validation mean@{n} by step | rpg-evaluate mean@{k} ± s.e. | final − initial | "
+             "≥ 2 s.e.? | s per step | wall |",
+             "|---|---|---|---|---|---|---|",
+             f"| initial model | | {init['mean@k']:.3f} ± {init['se']:.3f} | | | | |"]
+    for name, run in sorted(record["runs"].items()):
+        curve = ", ".join(f"{step}: {acc:.2f}" for step, acc in sorted((int(s), a) for s, a in run["val_acc"].items()))
+        final = run["final"]
+        delta, se = final["mean@k"] - init["mean@k"], max(final["se"], init["se"])
+        wall = "" if run["wall_s"] is None else f"{run['wall_s'] / 60:.0f} min"
+        lines.append(f"| {name} | {curve} | {final['mean@k']:.3f} ± {final['se']:.3f} | {delta:+.3f} "
+                     f"({delta / se:+.1f} s.e.) | {'yes' if delta >= 2 * se else 'no'} | {run['mean_step_s']:.0f} | "
+                     f"{wall} |")
+    return "\n".join(lines)
+
+
+def write_docs_table(record: dict) -> None:
+    """Replace the block between the docs' markers with `real_model_table(record)` (atomically)."""
+    text = DOCS.read_text()
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    atomic_write_text(DOCS, f"{head}{TABLE_START}\n{real_model_table(record)}\n{TABLE_END}{tail}")
+
+
 def final_actor(ckpt: Path, steps: int) -> Path:
     """The Hugging Face folder of a run's last checkpoint (``save_contents`` with ``hf_model``)."""
     return ckpt / f"global_step_{steps}" / "actor" / "huggingface"
@@ -305,9 +338,12 @@ def real_model(args) -> dict:
         raise SystemExit(f"[e2e_cpu_runs] no finished run in {args.out}")
     if report.main([*specs, "--out", str(args.out)]) != 0:
         raise SystemExit("[e2e_cpu_runs] the report failed")
+    summary = json.loads(json.dumps(summary))  # the record as read back (step keys as strings)
     atomic_write_json(RECORDS / "real_model.json", summary, indent=1, sort_keys=True)
     FIGURE.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(FIGURE, (args.out / "curves.png").read_bytes())
+    write_docs_table(summary)
+    print(real_model_table(summary))
     return summary
 
 
