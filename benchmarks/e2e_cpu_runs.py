@@ -315,7 +315,8 @@ def real_model(args) -> dict:
             metrics, ckpt = args.out / f"{name}.jsonl", args.out / "ckpt" / name
             records = read_records(metrics) if (args.resume or args.plot_only) and metrics.exists() else []
             done = max((r["step"] for r in records), default=0) >= args.steps
-            wall = None
+            wall_file = args.out / f"{name}.wall.json"  # the wall time of a finished run, for --resume
+            wall = json.loads(wall_file.read_text())["wall_s"] if done and wall_file.is_file() else None
             if not (done and final_actor(ckpt, args.steps).is_dir()):
                 if args.plot_only:
                     continue
@@ -324,6 +325,7 @@ def real_model(args) -> dict:
                              f"trainer.save_freq={args.steps}", f"trainer.default_local_dir={ckpt}",
                              "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"]
                 records, wall = run("smollm2.sh", name, args.out, {**env, "CPU_SEED": str(seed)}, overrides)
+                atomic_write_json(wall_file, {"wall_s": wall})
             val = validation(records)
             steps = [r["data"]["timing_s/step"] for r in records if "timing_s/step" in r["data"] and r["step"] >= 2]
             summary["runs"][name] = {
