@@ -273,6 +273,8 @@ def real_model_table(record: dict) -> str:
         lines.append(f"| {name} | {curve} | {final['mean@k']:.3f} ± {final['se']:.3f} | {delta:+.3f} "
                      f"({delta / se:+.1f} s.e.) | {'yes' if delta >= 2 * se else 'no'} | {run['mean_step_s']:.0f} | "
                      f"{wall} |")
+    lines += ["", "![Validation accuracy, reward, entropy and response length of the runs against step]"
+                  "(img/real-model-curves.png)"]
     return "\n".join(lines)
 
 
