@@ -5,6 +5,8 @@ data point at the tiny model's files; the real-model run is the documented comma
 
 from __future__ import annotations
 
+import json
+
 from recipe_helpers import RECIPE, run_script
 
 from rpg.tools import dry_run_digest as dd
