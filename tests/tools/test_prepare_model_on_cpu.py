@@ -107,6 +107,17 @@ def test_gguf_becomes_a_checked_hf_folder_with_provenance_and_a_rerun_is_a_no_op
     assert (out / "model.safetensors").stat().st_mtime_ns == before
 
 
+def test_a_hf_folder_is_re_saved_in_the_dtype_asked(tiny_gguf, tmp_path):
+    first, second = tmp_path / "fp32", tmp_path / "bf16"
+    assert pm.main(["--source", str(tiny_gguf), "--out", str(first), "--threads", "1"]) == 0
+    assert pm.main(["--source", str(first), "--out", str(second), "--dtype", "bf16", "--threads", "1"]) == 0
+    prov = json.loads((second / "provenance.json").read_text())
+    assert prov["source"]["kind"] == "hf-folder" and prov["dtype"] == "bf16"
+    assert prov["note"] == "converted from a Hugging Face folder"
+    assert json.loads((second / "config.json").read_text())["dtype"] == "bfloat16"
+    assert (second / "LICENSE").read_text() == (first / "LICENSE").read_text()
+
+
 def test_a_missing_file_is_one_line(tmp_path, capsys):
     missing = tmp_path / "nope.gguf"
     assert pm.main(["--source", str(missing), "--out", str(tmp_path / "o")]) == 2
