@@ -6,6 +6,8 @@
     python benchmarks/e2e_cpu_runs.py step-time [--steps 12] [--seed 0] [--out artifacts/bench]
     python benchmarks/e2e_cpu_runs.py beta-sweep [--steps 20] [--seeds 0 1] [--betas 0 0.03 0.3 3]
                                                  [--out artifacts/beta-sweep] [--resume | --plot-only]
+    python benchmarks/e2e_cpu_runs.py real-model [--steps 20] [--seeds 0 1] [--out artifacts/real-model] [--resume]
+                                                 [--plot-only]
 
 ``compare``: RPG-REINFORCE-URKL, GRPO and DAPO (recipe/rpg/cpu/run_*.sh, i.e. each method's GPU recipe with only the
 sizes changed by the CPU profile) with the same seed, steps, data and validation (before training and every 10 steps,
@@ -26,6 +28,16 @@ over the last 5 steps of ``actor/rpg/kl`` (the KL to the reference), ``actor/rpg
 rpg.tools.report's figures of all runs (``curves.png``, ``diagnostics.png``), and ``sweep.png``: accuracy and KL
 against β for both estimators, and the KL-share curves. ``--plot-only`` runs nothing and draws the finished runs.
 
+``real-model``: RPG-REINFORCE-URKL against GRPO on a real pretrained model (docs/benchmarks.md#real-model):
+SmolLM2-135M-Instruct on one-digit addition through recipe/rpg/cpu/smollm2.sh, each seed of ``--seeds`` for each
+method, with the settings of ``REAL_MODEL`` (fixed before the runs; validation before training and every
+``test_freq`` steps). Each run keeps its final actor as a Hugging Face folder; then ``rpg-evaluate`` gives mean@k ± s.e.
+of the initial model and of every final actor on the validation problems (hf engine, one seed: paired), and
+``rpg-report`` the curves. Writes ``real_model.json`` in ``--out`` and the committed record
+``benchmarks/records/real_model.json`` (settings, per run the validation curve, wall and step seconds, the final
+evaluation; the initial evaluation) with the figure ``docs/img/real-model-curves.png``. ``--resume`` keeps every run
+whose metrics reach the last step and whose final actor was saved, and every finished evaluation.
+
 Outputs are written atomically; per-run console logs and metrics (verl's file logger) stay next to them.
 """
 
@@ -43,8 +55,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from rpg.atomic import atomic_write_json, atomic_write_text
-from rpg.tools import report, tiny_model
+from rpg.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from rpg.tools import evaluate, prepare_data, prepare_model, report, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipe" / "rpg" / "cpu"
@@ -229,28 +241,147 @@ def sweep_figure(summary: dict, curves: dict, path: Path) -> None:
     os.replace(path.with_suffix(".tmp.png"), path)
 
 
+# The real-model comparison's settings, fixed before the runs (docs/benchmarks.md#real-model).
+REAL_MODEL = {"CPU_BATCH": "4", "CPU_N": "8", "CPU_MINI_BATCH": "2", "CPU_LR": "2e-5", "CPU_RESPONSE_LEN": "48",
+              "CPU_TEST_FREQ": "10", "OLD_LOGPROB": "rollout", "OMP_NUM_THREADS": "2"}
+REAL_MODEL_VAL_N, REAL_MODEL_EVAL_K = 2, 4
+REAL_MODEL_METHODS = ("rpg_reinforce_urkl", "grpo")
+REAL_MODEL_DATA = ROOT / "data" / "arith-add1-short"
+RECORDS = ROOT / "benchmarks" / "records"
+FIGURE = ROOT / "docs" / "img" / "real-model-curves.png"
+
+
+DOCS = ROOT / "docs" / "benchmarks.md"
+TABLE_START, TABLE_END = "<!-- real-model-record -->", "<!-- /real-model-record -->"
+
+
+def real_model_table(record: dict) -> str:
+    """The docs' table of a real-model record (docs/benchmarks.md#real-model; tests/test_real_model_record_on_cpu.py
+    checks that the docs hold exactly this): per run the in-training validation, the final rpg-evaluate mean@k ± s.e.
+    and its change from the initial model in standard errors (the larger s.e. of the two), the step and wall time."""
+    init, k = record["initial"], record["settings"]["eval_k"]
+    n = record["settings"]["val_kwargs.n"]
+    lines = [f"| run | validation mean@{n} by step | rpg-evaluate mean@{k} ± s.e. | final − initial | "
+             "≥ 2 s.e.? | s per step | wall |",
+             "|---|---|---|---|---|---|---|",
+             f"| initial model | | {init['mean@k']:.3f} ± {init['se']:.3f} | | | | |"]
+    for name, run in sorted(record["runs"].items()):
+        curve = ", ".join(f"{step}: {acc:.2f}" for step, acc in sorted((int(s), a) for s, a in run["val_acc"].items()))
+        final = run["final"]
+        delta, se = final["mean@k"] - init["mean@k"], max(final["se"], init["se"])
+        wall = "" if run["wall_s"] is None else f"{run['wall_s'] / 60:.0f} min"
+        lines.append(f"| {name} | {curve} | {final['mean@k']:.3f} ± {final['se']:.3f} | {delta:+.3f} "
+                     f"({delta / se:+.1f} s.e.) | {'yes' if delta >= 2 * se else 'no'} | {run['mean_step_s']:.0f} | "
+                     f"{wall} |")
+    lines += ["", "![Validation accuracy, reward, entropy and response length of the runs against step]"
+                  "(img/real-model-curves.png)"]
+    return "\n".join(lines)
+
+
+def write_docs_table(record: dict) -> None:
+    """Replace the block between the docs' markers with `real_model_table(record)` (atomically)."""
+    text = DOCS.read_text()
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    atomic_write_text(DOCS, f"{head}{TABLE_START}\n{real_model_table(record)}\n{TABLE_END}{tail}")
+
+
+def final_actor(ckpt: Path, steps: int) -> Path:
+    """The Hugging Face folder of a run's last checkpoint (``save_contents`` with ``hf_model``)."""
+    return ckpt / f"global_step_{steps}" / "actor" / "huggingface"
+
+
+def evaluate_model(model: Path, name: str, out: Path, resume: bool) -> dict:
+    """rpg-evaluate's mean@k ± s.e. of `model` on the validation problems (hf engine, seed 0, 2 threads)."""
+    results = out / f"eval_{name}" / "results.json"
+    if not (resume and results.is_file()):
+        argv = ["--model", str(model), "--data", str(REAL_MODEL_DATA / "val.parquet"), "--k", str(REAL_MODEL_EVAL_K),
+                "--max-tokens", REAL_MODEL["CPU_RESPONSE_LEN"], "--max-prompt-length", "48", "--engine", "hf",
+                "--threads", "2", "--batch-size", "64", "--seed", "0", "--out", str(results.parent)]
+        print(f"[e2e_cpu_runs] evaluating {name}: rpg-evaluate {' '.join(argv)}", flush=True)
+        if evaluate.main(argv) != 0:
+            raise SystemExit(f"[e2e_cpu_runs] rpg-evaluate failed for {name}")
+    source = json.loads(results.read_text())["results"]["last_number"]
+    return {key: source[key] for key in ("mean@k", "se", "se_sampling", "best@k", "n_problems", "n_samples")}
+
+
+def real_model(args) -> dict:
+    env = dict(REAL_MODEL, CPU_STEPS=str(args.steps))
+    summary = {"settings": {**REAL_MODEL, "CPU_STEPS": args.steps, "val_kwargs.n": REAL_MODEL_VAL_N,
+                            "eval_k": REAL_MODEL_EVAL_K, "seeds": args.seeds}, "runs": {}}
+    specs = []
+    summary["initial"] = evaluate_model(ROOT / "artifacts" / "smollm2-135m", "initial", args.out, args.resume)
+    for seed in args.seeds:
+        for method in REAL_MODEL_METHODS:
+            name = f"{method}_s{seed}"
+            metrics, ckpt = args.out / f"{name}.jsonl", args.out / "ckpt" / name
+            records = read_records(metrics) if (args.resume or args.plot_only) and metrics.exists() else []
+            done = max((r["step"] for r in records), default=0) >= args.steps
+            wall_file = args.out / f"{name}.wall.json"  # the wall time of a finished run, for --resume
+            wall = json.loads(wall_file.read_text())["wall_s"] if done and wall_file.is_file() else None
+            if not (done and final_actor(ckpt, args.steps).is_dir()):
+                if args.plot_only:
+                    continue
+                overrides = [method, "trainer.val_before_train=True",
+                             f"actor_rollout_ref.rollout.val_kwargs.n={REAL_MODEL_VAL_N}",
+                             f"trainer.save_freq={args.steps}", f"trainer.default_local_dir={ckpt}",
+                             "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"]
+                records, wall = run("smollm2.sh", name, args.out, {**env, "CPU_SEED": str(seed)}, overrides)
+                atomic_write_json(wall_file, {"wall_s": wall})
+            val = validation(records)
+            steps = [r["data"]["timing_s/step"] for r in records if "timing_s/step" in r["data"] and r["step"] >= 2]
+            summary["runs"][name] = {
+                "method": method, "seed": seed, "val_acc": val, "val_acc_before": val[min(val)],
+                "val_acc_after": val[max(val)], "mean_step_s": round(statistics.mean(steps), 1),
+                "wall_s": None if wall is None else round(wall, 1),
+                "reward": {r["step"]: round(r["data"]["critic/score/mean"], 4) for r in records
+                           if "critic/score/mean" in r["data"]},
+                "final": evaluate_model(final_actor(ckpt, args.steps), name, args.out, args.resume)}
+            specs.append(f"{name}={metrics}")
+    if not summary["runs"]:
+        raise SystemExit(f"[e2e_cpu_runs] no finished run in {args.out}")
+    if report.main([*specs, "--out", str(args.out)]) != 0:
+        raise SystemExit("[e2e_cpu_runs] the report failed")
+    summary = json.loads(json.dumps(summary))  # the record as read back (step keys as strings)
+    atomic_write_json(RECORDS / "real_model.json", summary, indent=1, sort_keys=True)
+    FIGURE.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(FIGURE, (args.out / "curves.png").read_bytes())
+    write_docs_table(summary)
+    print(real_model_table(summary))
+    return summary
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["compare", "step-time", "beta-sweep"])
-    ap.add_argument("--steps", type=int, default=None, help="training steps (compare: 50, step-time: 12, beta-sweep: 20)")
+    ap.add_argument("what", choices=["compare", "step-time", "beta-sweep", "real-model"])
+    ap.add_argument("--steps", type=int, default=None, help="training steps (compare: 50, step-time: 12, beta-sweep: 20, real-model: 20)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="beta-sweep: the seeds")
     ap.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.03, 0.3, 3.0], help="beta-sweep: the β values")
-    ap.add_argument("--resume", action="store_true", help="beta-sweep: keep the runs that reached the last step")
+    ap.add_argument("--resume", action="store_true",
+                    help="beta-sweep, real-model: keep the runs that reached the last step (and their evaluations)")
     ap.add_argument("--plot-only", action="store_true",
                     help="beta-sweep: run nothing; sweep.json and the figures from the finished runs in --out")
     ap.add_argument("--out", type=Path, default=None, help="artifacts/cpu-compare or artifacts/bench")
     ap.add_argument("--reuse", action="append", default=[], metavar="METHOD=JSONL",
                     help="compare: use this finished run's metrics instead of running METHOD (same settings!)")
     args = ap.parse_args(argv)
-    args.steps = args.steps or {"compare": 50, "step-time": 12, "beta-sweep": 20}[args.what]
-    default_out = {"compare": "cpu-compare", "step-time": "bench", "beta-sweep": "beta-sweep"}[args.what]
+    args.steps = args.steps or {"compare": 50, "step-time": 12, "beta-sweep": 20, "real-model": 20}[args.what]
+    default_out = {"compare": "cpu-compare", "step-time": "bench", "beta-sweep": "beta-sweep",
+                   "real-model": "real-model"}[args.what]
     args.out = (args.out or ROOT / "artifacts" / default_out).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    if tiny_model.main(["--out", str(ROOT / "artifacts" / "tiny")]) != 0:
+    if args.what != "real-model" and tiny_model.main(["--out", str(ROOT / "artifacts" / "tiny")]) != 0:
         raise SystemExit("[e2e_cpu_runs] building the tiny model failed")
-    summary = {"compare": compare, "step-time": step_time, "beta-sweep": beta_sweep}[args.what](args)
-    name = {"compare": "summary.json", "step-time": "step_time.json", "beta-sweep": "sweep.json"}[args.what]
+    if args.what == "real-model" and not args.plot_only:
+        if prepare_model.main(["--out", str(ROOT / "artifacts" / "smollm2-135m")]) != 0:
+            raise SystemExit("[e2e_cpu_runs] preparing the model failed")
+        if prepare_data.main(["arith-add1-short", "--out-dir", str(REAL_MODEL_DATA.parent)]) != 0:
+            raise SystemExit("[e2e_cpu_runs] preparing the task failed")
+    summary = {"compare": compare, "step-time": step_time, "beta-sweep": beta_sweep,
+               "real-model": real_model}[args.what](args)
+    name = {"compare": "summary.json", "step-time": "step_time.json", "beta-sweep": "sweep.json",
+            "real-model": "real_model.json"}[args.what]
     atomic_write_json(args.out / name, summary, indent=1)
     print(json.dumps(summary, indent=1))
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from test_registration_on_cpu import EXPECTED_LOSSES
 
 REPO = Path(__file__).resolve().parents[1]
-CONSOLE_SCRIPTS = ("rpg-prepare-data", "rpg-report", "rpg-tiny-model", "rpg-evaluate")
+CONSOLE_SCRIPTS = ("rpg-prepare-data", "rpg-report", "rpg-tiny-model", "rpg-prepare-model", "rpg-evaluate")
 
 PROBE = textwrap.dedent(
     """
@@ -94,7 +94,7 @@ def test_wheel_installs_and_registers_everything(tmp_path):
     assert got["scripts"] == {
         "rpg-prepare-data": "rpg.tools.prepare_data", "rpg-report": "rpg.tools.report",
         "rpg-tiny-model": "rpg.tools.tiny_model", "rpg-evaluate": "rpg.tools.evaluate",
-        "rpg-doctor": "rpg.preflight.doctor",
+        "rpg-doctor": "rpg.preflight.doctor", "rpg-prepare-model": "rpg.tools.prepare_model",
     }  # fmt: skip
     for script in CONSOLE_SCRIPTS:
         assert (venv / "bin" / script).is_file()

@@ -22,6 +22,11 @@ Why verl's ``default_compute_score`` alone is not enough (checked in verl 0.9.1,
    the last 300 characters; a response with only ``\\boxed{..}`` scores -1 there (docs/differences.md#s7-4). The
    ``math_dapo`` scorer below therefore calls verl's ``is_correct_minerva`` directly.
 
+4. ``last_number`` (the real-model tasks of ``rpg.data.tasks``, docs/benchmarks.md#real-model) has no scorer in verl:
+   verl's GSM8K scorer extracts the last number in its flexible mode but is routed only for ``openai/gsm8k``, scores
+   0/1 and compares the text (``"12."`` is not ``"12"``). ``last_number_score`` reuses its extraction, normalises it
+   and scores +1/-1 like the others.
+
 Every other ``data_source`` is delegated unchanged to verl's ``default_compute_score``.
 
 What the trainer hands over: verl reads each parquet row with Hugging Face ``datasets``, so the ground truth has the
@@ -48,6 +53,10 @@ MATH_DAPO_TAIL_CHARS = 300
 #: ``data_source`` values the reference scores with math_dapo: exact names and name prefixes (docs/differences.md#s7-4).
 MATH_DAPO_SOURCES = frozenset({"math_dapo"})
 MATH_DAPO_PREFIXES = ("aime", "amc")
+
+#: ``data_source`` of the real-model tasks (rpg.data.tasks, docs/benchmarks.md#real-model): the last number of the
+#: response is the answer, as in verl's GSM8K scorer's flexible mode.
+LAST_NUMBER_SOURCE = "last_number"
 
 #: ``data_source`` values the reference scores with Math-Verify (docs/differences.md#s7-4).
 MATH_VERIFY_SOURCES = frozenset(
@@ -103,9 +112,40 @@ def math_verify_score(solution_str: str, ground_truth: str) -> ScoreDict:
     return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred}
 
 
+def last_number(solution_str: str) -> str | None:
+    """The last number of a response, as verl's GSM8K scorer extracts it in its flexible mode (the last match of
+    ``-?[0-9.,]+`` in the last 300 characters that is not ``.`` or empty), then normalised: thousands commas removed
+    and trailing ``.``/``,`` dropped (verl's regex keeps the full stop of "is 12." and would compare ``"12."``).
+    ``None`` if the response has no number."""
+    from verl.utils.reward_score.gsm8k import extract_solution
+
+    found = extract_solution(solution_str, method="flexible")
+    if found is None:
+        return None
+    found = found.replace(",", "").rstrip(".")
+    return found or None
+
+
+def last_number_score(solution_str: str, ground_truth: str) -> ScoreDict:
+    """The real-model tasks' reward (docs/benchmarks.md#real-model): +1 if the response's last number equals the
+    ground truth as a number (``"12"``, ``"12.0"`` and ``"12."`` all match 12), else -1. The ±1 scale of the
+    reference's scorers (docs/differences.md#s7-4); unlike the paper's ``Answer:`` criterion it needs no format, so
+    a model that never writes ``Answer:`` can earn it.
+
+    Returns ``{"score": +1.0 | -1.0, "acc": bool, "pred": the last number or "[INVALID]"}``.
+    """
+    pred = last_number(solution_str)
+    try:
+        correct = pred is not None and float(pred) == float(ground_truth)
+    except ValueError:  # "1.2.3" is a match of verl's pattern but not a number
+        correct = False
+    return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred if pred is not None else "[INVALID]"}
+
+
 def own_sources() -> list[str]:
     """The ``data_source`` names scored here (``aime*`` = any name with that prefix), for error messages."""
-    return sorted(MATH_DAPO_SOURCES | MATH_VERIFY_SOURCES) + [f"{p}*" for p in MATH_DAPO_PREFIXES]
+    exact = MATH_DAPO_SOURCES | MATH_VERIFY_SOURCES | {LAST_NUMBER_SOURCE}
+    return sorted(exact) + [f"{p}*" for p in MATH_DAPO_PREFIXES]
 
 
 def scorer_for(data_source: str) -> Callable[[str, str], ScoreDict] | None:
@@ -114,6 +154,8 @@ def scorer_for(data_source: str) -> Callable[[str, str], ScoreDict] | None:
         return math_dapo_score
     if data_source in MATH_VERIFY_SOURCES:
         return math_verify_score
+    if data_source == LAST_NUMBER_SOURCE:
+        return last_number_score
     return None
 
 

@@ -43,8 +43,15 @@ A malformed row (or a line that is not UTF-8) stops the run with the file, the 1
 nothing is written. Outputs are written atomically (``rpg.atomic``: complete or absent, no temporary file left by
 errors, Ctrl-C or SIGTERM; mode from the umask) and are byte-identical on rerun.
 
+Generated arithmetic tasks (``arith-<task>``, rpg.data.tasks; docs/benchmarks.md#real-model): a seeded split of the
+task's problems into ``<out-dir>/arith-<task>/train.parquet`` and ``val.parquet`` (disjoint; ``--seed``, ``--val-size``,
+``--train-size``), one row per problem (validation not repeated: ``val_kwargs.n`` samples each), the question as the
+user message without the template above (the base model never writes ``Answer:``), ``data_source="last_number"``
+(rpg.data.reward: the last number of the response is the answer).
+
 Examples::
 
+    rpg-prepare-data arith-add1-short     # data/arith-add1-short/{train,val}.parquet, seed 0, 32 validation problems
     rpg-prepare-data all                  # everything from the hub into data/
     rpg-prepare-data aime-2025 --source my_aime25.jsonl --repeat 32
     rpg-prepare-data dapo-math-17k        # unfiltered DAPO: dedup + English filter
@@ -66,7 +73,8 @@ from pathlib import Path
 from typing import Any
 
 from rpg.atomic import atomic_path, sigterm_exits
-from rpg.data.reward import MATH_DAPO_PREFIXES, MATH_DAPO_SOURCES, MATH_VERIFY_SOURCES, scorer_for
+from rpg.data import tasks
+from rpg.data.reward import LAST_NUMBER_SOURCE, MATH_DAPO_PREFIXES, MATH_DAPO_SOURCES, MATH_VERIFY_SOURCES, scorer_for
 
 #: Prompt template, byte-exact (docs/differences.md#s7-3). ``$Answer`` is literal text.
 PRE = (
@@ -110,6 +118,11 @@ DATASETS: dict[str, DatasetSpec] = {
     "minerva-math": DatasetSpec("math-ai/minervamath", "data/minerva-math.parquet", "minerva-math", False),
     "olympiadbench": DatasetSpec("math-ai/olympiadbench", "data/olympiadbench.parquet", "olympiadbench", False),
 }
+#: The generated tasks' dataset names: ``arith-`` + a task of rpg.data.tasks.
+TASK_PREFIX = "arith-"
+TASK_NAMES = tuple(TASK_PREFIX + t for t in tasks.TASKS)
+DEFAULT_VAL_SIZE = 32
+
 #: What ``all`` expands to (the unfiltered DAPO variant is an alternative source of the same file).
 ALL = ("dapo-math-17k-eng", "aime-2024", "aime-2025", "amc-2023", "minerva-math", "olympiadbench")
 
@@ -399,7 +412,7 @@ def prepare(
     ``repeat`` applies to eval sets only; ``english_only`` defaults to True for training sets.
     """
     if name not in DATASETS:
-        raise DataError(f"unknown dataset {name!r}; valid: {', '.join([*DATASETS, 'all'])}")
+        raise DataError(f"unknown dataset {name!r}; valid: {', '.join([*DATASETS, *TASK_NAMES, 'all'])}")
     spec = DATASETS[name]
     if data_source is not None:
         check_data_source(data_source)
@@ -421,13 +434,40 @@ def prepare(
     return summary
 
 
+def task_row(question: str, answer: int, split: str, index: int) -> dict[str, Any]:
+    """One verl RL row of a generated task: the bare question as the user message, scored by its last number."""
+    return {
+        "data_source": LAST_NUMBER_SOURCE,
+        "prompt": [{"content": question, "role": "user"}],
+        "ability": ABILITY,
+        "reward_model": {"ground_truth": str(answer), "style": "rule"},
+        "extra_info": {"index": index, "raw_problem": question, "split": split},
+    }
+
+
+def prepare_task(name: str, *, seed: int, val_size: int, train_size: int | None, out_dir: str) -> str:
+    """Write the seeded train/validation split of a generated task (``arith-<task>``); returns the summary line."""
+    task = name[len(TASK_PREFIX):]
+    try:
+        train, val = tasks.split(task, seed, val_size, train_size)
+    except tasks.TaskError as e:
+        raise DataError(str(e)) from None
+    folder = Path(out_dir) / name
+    for split, problems in (("train", train), ("val", val)):
+        write_parquet([task_row(q, a, split, i) for i, (q, a) in enumerate(problems)], folder / f"{split}.parquet")
+    return (f"prepare_data: {name}: {len(tasks.problems(task))} problems, seed {seed}: train {len(train)}, "
+            f"validation {len(val)} (disjoint) -> {folder}/train.parquet, {folder}/val.parquet")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rpg-prepare-data",
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("datasets", nargs="+", metavar="DATASET", help=f"one or more of: {', '.join(DATASETS)}, all")
+    parser.add_argument(
+        "datasets", nargs="+", metavar="DATASET", help=f"one or more of: {', '.join([*DATASETS, *TASK_NAMES])}, all"
+    )
     parser.add_argument("--source", help="local .parquet/.jsonl instead of the hub (single dataset only)")
     parser.add_argument("--hub-id", help="override the hub dataset id (single dataset only)")
     parser.add_argument("--hub-config", help="hub dataset config name")
@@ -442,6 +482,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--english-filter", choices=("auto", "on", "off"), default="auto",
         help="drop questions with CJK characters (auto: on for training sets only)",
     )
+    parser.add_argument("--seed", type=int, default=0, help="arith-*: the seed of the train/validation split")
+    parser.add_argument("--val-size", type=int, default=DEFAULT_VAL_SIZE, help="arith-*: validation problems")
+    parser.add_argument("--train-size", type=int, default=None, help="arith-*: training problems (default: the rest)")
     args = parser.parse_args(argv)
 
     names = [n for d in args.datasets for n in (ALL if d == "all" else (d,))]
@@ -454,6 +497,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if value is not None and len(names) != 1:
                     raise DataError(f"{flag} needs exactly one dataset, got {names}")
             for name in names:
+                if name in TASK_NAMES:
+                    print(prepare_task(name, seed=args.seed, val_size=args.val_size, train_size=args.train_size,
+                                       out_dir=args.out_dir or "data"))
+                    continue
                 output = args.out
                 if output is None and args.out_dir is not None and name in DATASETS:
                     output = str(Path(args.out_dir) / Path(DATASETS[name].output).name)
