@@ -6,19 +6,33 @@ data point at the tiny model's files; the real-model run is the documented comma
 from __future__ import annotations
 
 import json
+import sys
 
-from recipe_helpers import RECIPE, run_script
+from recipe_helpers import RECIPE, REPO, run_script
 
 from rpg.tools import dry_run_digest as dd
 
 SCRIPT = RECIPE / "cpu" / "smollm2.sh"
 
 
-def printed(tiny_dir, method: str) -> dict:
+def printed(tiny_dir, method: str, **env: str) -> dict:
+    """The launch the wrapper would make (RPG_PRINT_ARGV=1), with this environment's Python for its tools (so it does
+    not run scripts/setup_env.sh)."""
     proc = run_script(SCRIPT, method, RPG_PRINT_ARGV="1", MODEL_PATH=str(tiny_dir / "model"),
-                      TRAIN_FILE=str(tiny_dir / "train.parquet"), TEST_FILE=str(tiny_dir / "val.parquet"))
+                      TRAIN_FILE=str(tiny_dir / "train.parquet"), TEST_FILE=str(tiny_dir / "val.parquet"),
+                      PYTHON_TOOLS=sys.executable, **env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+def test_the_wrapper_defaults_are_the_comparisons_settings(tiny_dir):
+    """`bash recipe/rpg/cpu/smollm2.sh <method>` as typed is one run of the committed comparison (REAL_MODEL)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from e2e_cpu_runs import REAL_MODEL
+
+    steps = {"CPU_STEPS": "20"}  # the comparison's --steps
+    assert printed(tiny_dir, "grpo") == printed(tiny_dir, "grpo", **REAL_MODEL, **steps)
+    assert printed(tiny_dir, "grpo") != printed(tiny_dir, "grpo", **dict(REAL_MODEL, CPU_LR="1e-5"), **steps)
 
 
 def test_the_wrapper_passes_the_real_model_settings_after_the_profile(tiny_dir):

@@ -13,7 +13,10 @@
 # π_old is the rollout's log-probs (OLD_LOGPROB=rollout, verl's bypass mode, docs/async.md#bypass: with the hf
 # rollout in fp32 they equal the actor's, and one forward pass per step is saved).
 # DAPO's dynamic sampling is off (algorithm.filter_groups.enable=False): every method generates the same responses
-# per step. The other CPU_* knobs (CPU_STEPS, CPU_BATCH, CPU_N, CPU_LR, ...) work as for the tiny task.
+# per step. The sizes default to the real-model comparison's (benchmarks/e2e_cpu_runs.py REAL_MODEL; a test keeps
+# them equal): 20 steps of 4 prompts × 8 responses, mini-batches of 2 prompts, learning rate 2e-5, validation every
+# 10 steps; the CPU_* knobs (CPU_STEPS, CPU_BATCH, CPU_N, CPU_LR, ...) change them as for the tiny task.
+# Builds .venv first if needed (scripts/setup_env.sh), like scripts/demo_cpu.sh.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -24,7 +27,10 @@ if [ -z "$method" ] || [ ! -f "$here/run_$method.sh" ]; then
   exit 2
 fi
 shift
+if [ -z "${PYTHON_TOOLS:-}" ]; then bash "$root/scripts/setup_env.sh" >&2; fi  # its output is not the launch's
 py="${PYTHON_TOOLS:-$root/.venv/bin/python}"
+export CPU_STEPS="${CPU_STEPS:-20}" CPU_BATCH="${CPU_BATCH:-4}" CPU_N="${CPU_N:-8}" CPU_MINI_BATCH="${CPU_MINI_BATCH:-2}"
+export CPU_LR="${CPU_LR:-2e-5}" CPU_TEST_FREQ="${CPU_TEST_FREQ:-10}"
 export MODEL_PATH="${MODEL_PATH:-$root/artifacts/smollm2-135m}"
 data="$root/data/arith-add1-short"
 export TRAIN_FILE="${TRAIN_FILE:-$data/train.parquet}" TEST_FILE="${TEST_FILE:-$data/val.parquet}"
