@@ -17,3 +17,6 @@ The CPU profile of the launcher (rpg/config/profile/cpu.yaml and rpg/preflight/r
 
 Importing this package itself has no side effects.
 """
+
+#: the CPU rollout's name in verl's rollout registry (`rpg.cpu.hf_rollout`; the launcher's LoRA rule reads it)
+HF_ROLLOUT = "hf"

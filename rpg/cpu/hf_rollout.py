@@ -63,6 +63,7 @@ import torch
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
+from rpg.cpu import HF_ROLLOUT
 from rpg.shards import full_tensor
 
 __all__ = ["HFReplica", "HFRolloutServer", "HFServerAdapter", "SamplingSpec", "decode_batch", "load_model", "request_seed",
@@ -71,7 +72,7 @@ __all__ = ["HFReplica", "HFRolloutServer", "HFServerAdapter", "SamplingSpec", "d
 logger = logging.getLogger(__name__)
 logger.setLevel(os.environ.get("VERL_LOGGING_LEVEL", "INFO"))
 
-ROLLOUT_NAME = "hf"
+ROLLOUT_NAME = HF_ROLLOUT
 GREEDY_TEMPERATURE = 1e-5  # vLLM's threshold: below this temperature sampling is greedy
 
 

@@ -10,13 +10,15 @@ by RPG so that a dry run works on a machine without vLLM, and LoRA refused with 
   is at least the rank, and refuses a rank above the largest. Where vLLM is importable verl's own check runs after it
   unchanged; where it is not, `config_for_verl_check` hands verl's ``validate_config`` a copy of the config whose
   ``lora.merge`` is True, the one setting with which verl's code skips exactly that vLLM rank check and nothing else
-  (tests/preflight/test_lora_rules_on_cpu.py reads verl's function and fails if it reads LoRA anywhere else), for the
+  (tests/recipes/test_lora_rules_on_cpu.py reads verl's function and fails if it reads LoRA anywhere else), for the
   verl versions whose ``validate_config`` was read (`rpg.compat.SUPPORTED_VERL`); other versions get the config as it
   is. No verl object is patched.
 * **separate_async.** With LoRA and the disaggregated asynchronous trainer (``trainer.v1.trainer_mode=separate_async``:
   the actor is verl's detached worker, the weights reach the rollout through its checkpoint engine) verl samples the
   initial policy: the adapter never reaches the rollout (verl issue #7495). `separate_async_problem` refuses it for any
   loss and any reference; ``rpg-doctor`` warns about it (`rpg.preflight.doctor`).
+* **The CPU rollout.** The ``hf`` rollout of CPU runs (`rpg.cpu.hf_rollout`) receives full weights only: an unmerged
+  adapter is refused before Ray with the fix ``lora.merge=True`` (`hf_rollout_problem`), not at the first weight sync.
 
 Every LoRA setting is read through `rpg.preflight.lora_config.lora_settings`, as verl's trainer reads them.
 """
@@ -32,6 +34,7 @@ from packaging.specifiers import SpecifierSet
 
 from rpg import modes
 from rpg.compat import SUPPORTED_VERL, installed_version
+from rpg.cpu import HF_ROLLOUT
 from rpg.preflight.compose import RecipeConfigError
 from rpg.preflight.lora_config import lora_settings
 
@@ -111,9 +114,22 @@ def separate_async_problem(config: Any) -> Optional[str]:
             f"Fix: TRAINER_MODE=colocate_async or sync, or full-weight training (lora_rank=0)")
 
 
+def hf_rollout_problem(config: Any) -> Optional[str]:
+    """The refusal of an unmerged adapter with the CPU ``hf`` rollout, which loads full weights only (it raises at the
+    first weight sync of a started cluster otherwise), None otherwise."""
+    lora, rollout = lora_settings(config), config.actor_rollout_ref.rollout
+    if not lora.enabled or lora.merge or str(rollout.get("name", "")) != HF_ROLLOUT:
+        return None
+    return (f"{lora.rank_setting}={lora.rank} (LoRA) with actor_rollout_ref.rollout.name={HF_ROLLOUT} (the CPU "
+            f"rollout, rpg/cpu/hf_rollout.py): it receives full weights only, not an adapter. Fix: "
+            f"actor_rollout_ref.model.lora.merge=True (verl merges the adapter into the weights it syncs), or "
+            f"CPU_ROLLOUT=vllm")
+
+
 def lora_problems(config: Any, find_spec: Callable = importlib.util.find_spec) -> list[str]:
     """Every LoRA refusal of a composed config (empty: none)."""
-    return [p for p in (check_lora_rank(config, find_spec), separate_async_problem(config)) if p]
+    found = (check_lora_rank(config, find_spec), separate_async_problem(config), hf_rollout_problem(config))
+    return [p for p in found if p]
 
 
 def validate_lora(config: Any) -> None:

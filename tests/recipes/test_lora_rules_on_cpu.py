@@ -144,3 +144,15 @@ def test_a_lora_dry_run_of_a_frozen_reference_recipe_ends_without_a_traceback():
     proc = run_script(script, "actor_rollout_ref.model.lora_rank=32", RPG_DRY_RUN="summary", PYTHON=".venv/bin/python")
     assert "Traceback" not in proc.stderr and "vllm version None" not in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode == 0 and "# lora       rank 32" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_the_cpu_hf_rollout_takes_a_merged_adapter_only(base):
+    """The CPU `hf` rollout loads full weights (rpg/cpu/hf_rollout.py): an unmerged adapter is refused before Ray, not
+    at the first weight sync of a started cluster; a merged one validates."""
+    hf = cfg_with(base, {"actor_rollout_ref.rollout.name": "hf", MODEL + "lora_rank": 8})
+    with pytest.raises(RecipeConfigError) as e:
+        validate(hf)
+    message = str(e.value)
+    assert "actor_rollout_ref.rollout.name=hf" in message and "actor_rollout_ref.model.lora.merge=True" in message
+    validate(cfg_with(hf, {MODEL + "lora.merge": True}))
+    validate(cfg_with(base, {"actor_rollout_ref.rollout.name": "hf"}))  # full weights: not this rule
