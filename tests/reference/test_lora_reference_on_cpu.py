@@ -331,9 +331,10 @@ def test_the_flag_is_read_and_taken_from_transfer_queue_metadata_and_dataproto(f
 
 # ---- the top-k KL under LoRA: the reference pass's support and (k) values are the full-weight path's ----------------
 TOPK_LENGTHS, TOPK_K, TOPK_TEMPERATURE = [12, 7, 10, 4], 5, 0.7
-TOPK_LOSS = {"_target_": "rpg.RPGPolicyLossConfig", "loss_mode": "rpg_reinforce_urkl", "branch_on": "advantage",
-             "kl_estimator": "topk", "kl_topk": TOPK_K, "kl_topk_tail": "bucket", "reference": "periodic",
-             "ref_refresh_steps": 2}  # fmt: skip
+TOPK_LOSS = dict(
+    _target_="rpg.RPGPolicyLossConfig", loss_mode="rpg_reinforce_urkl", branch_on="advantage", kl_estimator="topk",
+    kl_topk=TOPK_K, kl_topk_tail="bucket", reference="periodic", ref_refresh_steps=2,
+)
 
 
 def _topk_batch(flag: bool):
@@ -358,8 +359,8 @@ def _engine_outputs(model: torch.nn.Module, td) -> dict[str, torch.Tensor]:
     offsets = td["input_ids"].offsets()
     values = td["input_ids"].values()
     padded = td["input_ids"].to_padded_tensor(0)  # right padding: the real rows never attend to it (causal)
-    args = {"temperature_is_one": False, "temperature": torch.full((padded.shape[0],), TOPK_TEMPERATURE),
-            "input_ids_rmpad_rolled": torch.roll(values, -1)}  # fmt: skip
+    temperature = torch.full((padded.shape[0],), TOPK_TEMPERATURE)
+    args = {"temperature_is_one": False, "temperature": temperature, "input_ids_rmpad_rolled": torch.roll(values, -1)}
     output = SimpleNamespace(logits=model(input_ids=padded).logits.float())
     out = topk_hook.topk_outputs(output, args, td)
     logits, labels = topk_hook.packed_logits(output, args, td)
