@@ -43,6 +43,23 @@ def _fsync(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
+def sibling_dir(out: Path, tag: str) -> Path:
+    """A new hidden folder next to ``out`` (``.<name>.<tag><hex>``; created like any folder, so its mode follows the
+    umask): where a tool builds a folder before renaming it into place, or moves the old one aside."""
+    while True:
+        path = out.with_name(f".{out.name}.{tag}{secrets.token_hex(4)}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def shown(names: list[str], n: int = 5) -> str:
+    """The first `n` of `names`, comma-separated, and how many more (for a refusal that lists files)."""
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success it is fsync'd and renamed to `path` (parents are created).

@@ -36,7 +36,6 @@ import collections
 import hashlib
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -45,7 +44,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rpg.atomic import atomic_write_json, sigterm_exits
+from rpg.atomic import atomic_write_json, shown, sibling_dir, sigterm_exits
 
 TOOL_VERSION = 1  # bump when the output changes for the same inputs
 
@@ -333,19 +332,8 @@ def check_out(out: Path) -> None:
                            "refusing to replace it: choose another --out or move it away yourself")
     foreign = sorted(entries - {PROVENANCE, *files})
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise PrepareError(f"{out}: holds files not written by rpg-prepare-model ({shown}); refusing to replace it: "
-                           "move them away or choose another --out")
-
-
-def _sibling(out: Path, tag: str) -> Path:
-    while True:
-        path = out.with_name(f".{out.name}.{tag}{secrets.token_hex(4)}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
+        raise PrepareError(f"{out}: holds files not written by rpg-prepare-model ({shown(foreign)}); refusing to "
+                           "replace it: move them away or choose another --out")
 
 
 def provenance_note(src: Source) -> str:
@@ -363,7 +351,7 @@ def build(args) -> dict[str, Any]:
     out = Path(args.out).absolute()
     check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _sibling(out, "")
+    tmp = sibling_dir(out, "")
     try:
         src = resolve(args.source, Path(args.cache), args.license, tmp / "source")
         model_dir = tmp / "model"
@@ -377,7 +365,7 @@ def build(args) -> dict[str, Any]:
         atomic_write_json(model_dir / PROVENANCE, prov, indent=1)  # written last: marks a complete build
         check_out(out)  # the conversion took a while: look again right before the swap
         if out.exists():
-            stale = _sibling(out, "old.")
+            stale = sibling_dir(out, "old.")
             os.replace(out, stale / "x")
             os.replace(model_dir, out)
             shutil.rmtree(stale, ignore_errors=True)

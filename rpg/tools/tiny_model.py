@@ -46,13 +46,12 @@ import json
 import os
 import random
 import re
-import secrets
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from rpg.atomic import atomic_write_json, sigterm_exits
+from rpg.atomic import atomic_write_json, shown, sibling_dir, sigterm_exits
 
 INSTRUCTION = "The last line of your response should be of the form Answer: $Answer"
 CHAT_TEMPLATE = (
@@ -296,20 +295,8 @@ def check_out(out: Path) -> None:
                        "folder, or remove it yourself") from None
     foreign = sorted(entries - own)
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise OutError(f"--out {out} holds files not created by rpg-tiny-model ({shown}); refusing to replace it: "
-                       "move them away or choose another folder")
-
-
-def _sibling_dir(out: Path, tag: str) -> Path:
-    """A new hidden folder next to ``out`` (created like any folder, so its mode follows the umask)."""
-    while True:
-        path = out.with_name(f".{out.name}.{tag}{secrets.token_hex(4)}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
+        raise OutError(f"--out {out} holds files not created by rpg-tiny-model ({shown(foreign)}); refusing to "
+                       "replace it: move them away or choose another folder")
 
 
 def build(args, log=print) -> dict:
@@ -324,7 +311,7 @@ def build(args, log=print) -> dict:
     out = Path(args.out).absolute()
     check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _sibling_dir(out, "")
+    tmp = sibling_dir(out, "")
     try:
         t0 = time.time()
         tok = build_tokenizer(args.seed)
@@ -341,7 +328,7 @@ def build(args, log=print) -> dict:
         atomic_write_json(tmp / "build.json", manifest, indent=1)  # written last: marks a complete build
         check_out(out)  # the build took minutes: look again right before the swap
         if out.exists():
-            stale = _sibling_dir(out, "old.")
+            stale = sibling_dir(out, "old.")
             os.replace(out, stale / "x")
             os.replace(tmp, out)
             shutil.rmtree(stale, ignore_errors=True)
