@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -53,6 +54,18 @@ def sibling_dir(out: Path, tag: str) -> Path:
             return path
         except FileExistsError:
             continue
+
+
+def replace_dir(new: Path, out: Path) -> None:
+    """Put the finished folder `new` at `out` by renames (an existing `out` is moved aside into a hidden sibling first,
+    then removed), so `out` is never a half-written folder."""
+    if not out.exists():
+        os.replace(new, out)
+        return
+    stale = sibling_dir(out, "old.")
+    os.replace(out, stale / "x")
+    os.replace(new, out)
+    shutil.rmtree(stale, ignore_errors=True)
 
 
 def shown(names: list[str], n: int = 5) -> str:

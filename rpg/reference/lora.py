@@ -58,28 +58,28 @@ def _flags(data: Any) -> Optional[Any]:
     return None
 
 
-def reference_pass_flag(data: Any) -> bool:
-    """Whether the batch carries verl's ``no_lora_adapter=True`` (the reference pass of a LoRA run)."""
+def _flag(data: Any, take: bool) -> bool:
+    """verl's ``no_lora_adapter`` of the batch (removed from it when `take`), wherever the batch keeps it."""
     flags = _flags(data)
     if flags is not None:
-        return bool(flags.get(NO_LORA_ADAPTER, False))
+        return bool(flags.pop(NO_LORA_ADAPTER, False) if take else flags.get(NO_LORA_ADAPTER, False))
     if hasattr(data, "batch_size"):
         from verl.utils import tensordict_utils as tu  # verl at the first call: importing this module imports none
 
+        if take:
+            return bool(tu.pop(data, key=NO_LORA_ADAPTER, default=False))
         return bool(tu.get_non_tensor_data(data=data, key=NO_LORA_ADAPTER, default=False))
     return False
 
 
+def reference_pass_flag(data: Any) -> bool:
+    """Whether the batch carries verl's ``no_lora_adapter=True`` (the reference pass of a LoRA run)."""
+    return _flag(data, take=False)
+
+
 def pop_reference_pass_flag(data: Any) -> bool:
     """Remove ``no_lora_adapter`` from the batch (verl then keeps the adapter on); whether it was set."""
-    flags = _flags(data)
-    if flags is not None:
-        return bool(flags.pop(NO_LORA_ADAPTER, False))
-    if hasattr(data, "batch_size"):
-        from verl.utils import tensordict_utils as tu
-
-        return bool(tu.pop(data, key=NO_LORA_ADAPTER, default=False))
-    return False
+    return _flag(data, take=True)
 
 
 # ---- the snapshot --------------------------------------------------------------------------------------------------

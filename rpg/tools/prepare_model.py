@@ -44,7 +44,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rpg.atomic import atomic_write_json, shown, sibling_dir, sigterm_exits
+from rpg.atomic import atomic_write_json, replace_dir, shown, sibling_dir, sigterm_exits
 
 TOOL_VERSION = 1  # bump when the output changes for the same inputs
 
@@ -364,13 +364,7 @@ def build(args) -> dict[str, Any]:
                 "dtype": args.dtype, "check": checked, "license": src.license.name, "files": files}
         atomic_write_json(model_dir / PROVENANCE, prov, indent=1)  # written last: marks a complete build
         check_out(out)  # the conversion took a while: look again right before the swap
-        if out.exists():
-            stale = sibling_dir(out, "old.")
-            os.replace(out, stale / "x")
-            os.replace(model_dir, out)
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            os.replace(model_dir, out)
+        replace_dir(model_dir, out)
         return prov
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -51,7 +51,7 @@ import sys
 import time
 from pathlib import Path
 
-from rpg.atomic import atomic_write_json, shown, sibling_dir, sigterm_exits
+from rpg.atomic import atomic_write_json, replace_dir, shown, sibling_dir, sigterm_exits
 
 INSTRUCTION = "The last line of your response should be of the form Answer: $Answer"
 CHAT_TEMPLATE = (
@@ -327,13 +327,7 @@ def build(args, log=print) -> dict:
                         build_seconds=round(time.time() - t0, 1), files=files)
         atomic_write_json(tmp / "build.json", manifest, indent=1)  # written last: marks a complete build
         check_out(out)  # the build took minutes: look again right before the swap
-        if out.exists():
-            stale = sibling_dir(out, "old.")
-            os.replace(out, stale / "x")
-            os.replace(tmp, out)
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        replace_dir(tmp, out)
         return manifest
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
